@@ -1,0 +1,87 @@
+"""The exceptions pytest-specdecode raises.
+
+Every message names the bad value, where it came from and what to do about it.
+
+    SpecdecodeError
+    ├── ConfigError            a profile file, an option, an ini key or a marker is wrong
+    ├── ServerError            a server could not be started, reached or trusted
+    │   ├── ServerStartError   the process or container exited while loading
+    │   ├── ServerTimeoutError not ready within the startup timeout
+    │   ├── ServerMismatchError
+    │   │                      an attached server runs another configuration
+    │   └── ServerCrashedError the server died while it was being measured
+    ├── RequestError           a measurement request failed (status, error event, bad body)
+    └── BaselineError          a baseline file is missing, corrupt or incomparable
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class SpecdecodeError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(SpecdecodeError):
+    """Bad user input: a profile file, a command-line flag, an ini key or a marker."""
+
+    def __init__(self, message: str, *, source: str | None = None) -> None:
+        self.source = source
+        super().__init__(f"{source}: {message}" if source else message)
+
+
+class ServerError(SpecdecodeError):
+    """A server could not be started, reached or trusted."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        log_path: str | None = None,
+        log_tail: Sequence[str] = (),
+        exit_code: int | None = None,
+    ) -> None:
+        self.log_path = log_path
+        self.log_tail = list(log_tail)
+        self.exit_code = exit_code
+        parts = [message]
+        if log_path:
+            parts.append(f"server log: {log_path}")
+        if self.log_tail:
+            parts.append(f"last {len(self.log_tail)} log lines:")
+            parts.extend("    " + line for line in self.log_tail)
+        super().__init__("\n".join(parts))
+
+
+class ServerStartError(ServerError):
+    """The server process or container exited before it became ready."""
+
+
+class ServerTimeoutError(ServerError):
+    """The server did not become ready within its startup timeout."""
+
+
+class ServerMismatchError(ServerError):
+    """An attached server reports a configuration other than its profile's."""
+
+
+class ServerCrashedError(ServerError):
+    """The server died while it was being measured."""
+
+
+class RequestError(SpecdecodeError):
+    """A measurement request failed: an HTTP error, an error event in a stream, a bad body."""
+
+    def __init__(self, message: str, *, url: str | None = None, status: int | None = None) -> None:
+        self.url = url
+        self.status = status
+        super().__init__(message)
+
+
+class BaselineError(SpecdecodeError):
+    """A baseline file is missing, corrupt, or may not be compared with this run."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)
