@@ -1,0 +1,430 @@
+"""The simulated server's state: resolved arguments, the engine, status, faults and info shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_specdecode import __version__
+from pytest_specdecode.sim.args import ResolvedArgs
+from pytest_specdecode.sim.engine import Engine, Sequence
+from pytest_specdecode.sim.faults import FaultState
+from pytest_specdecode.sim.inputs import GenerationInput, SamplingParams
+from pytest_specdecode.sim.logs import SIM_LOGGER
+from pytest_specdecode.sim.model import (
+    MODEL_CONSTANTS_PATH,
+    ModelConstants,
+    PerfConfig,
+    acceptance_probabilities,
+    communication_share,
+    natural_length,
+    nccl_tuning_share,
+    speed_factor,
+    step_costs,
+)
+from pytest_specdecode.sim.prom import SimMetrics
+from pytest_specdecode.sim.tokenizer import EOS_TOKEN_ID, OutputTokens, prompt_key
+
+#: What /server_info reports as SGLang's version: an SGLang-like number that says "simulated".
+SIMULATED_SGLANG_VERSION = "0.5.6-simulated"
+
+main_log = logging.getLogger(SIM_LOGGER)
+
+
+class ServerStatus(enum.Enum):
+    STARTING = "Starting"
+    UP = "Up"
+    UNHEALTHY = "UnHealthy"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What the server reports about memory; it sizes the KV pool and nothing else."""
+
+    weights_gb: float
+    kv_cache_gb: float
+    cuda_graph_gb: float
+    max_total_num_tokens: int
+    context_len: int
+    max_req_input_len: int
+    max_running_requests: int
+
+
+def plan_memory(resolved: ResolvedArgs, constants: ModelConstants) -> MemoryPlan:
+    args = resolved.server
+    memory = constants.memory
+    tp = max(1, args.tp_size)
+    weights = memory["weights_gb_per_gpu_at_tp8"] * 8 / tp
+    if args.speculative_algorithm is not None:
+        weights += memory["draft_weights_gb_per_gpu"]
+    kv_gb = max(0.0, args.mem_fraction_static * memory["gpu_memory_gb"] - weights)
+    per_token = memory["kv_bytes_per_token_per_gpu"] * 8 / tp
+    tokens = max(int(memory["min_total_num_tokens"]), int(kv_gb * 1e9 / per_token))
+    if args.max_total_tokens is not None:
+        tokens = min(tokens, args.max_total_tokens)
+    context_len = args.context_length or int(memory["context_len"])
+    max_running = args.max_running_requests
+    if max_running is None:  # SGLang sizes the request pool from the token pool
+        max_running = min(max(tokens * 512 // context_len, 2048), 4096)
+    return MemoryPlan(
+        weights_gb=weights,
+        kv_cache_gb=kv_gb,
+        cuda_graph_gb=memory["cuda_graph_gb"],
+        max_total_num_tokens=tokens,
+        context_len=context_len,
+        max_req_input_len=min(context_len - 1, tokens - 1),
+        max_running_requests=max_running,
+    )
+
+
+class SimServer:
+    def __init__(
+        self, resolved: ResolvedArgs, constants: ModelConstants, env: Mapping[str, str]
+    ) -> None:
+        self.resolved = resolved
+        self.args = resolved.server
+        self.sim = resolved.sim
+        self.constants = constants
+        args = self.args
+        self.speculative = args.speculative_algorithm is not None
+        self.nccl_share = nccl_tuning_share(env, constants)
+        self.communication_share = communication_share(
+            self.nccl_share, args.tp_size, args.disable_custom_all_reduce, constants
+        )
+        self.num_steps = args.speculative_num_steps or 0
+        self.num_draft_tokens = args.speculative_num_draft_tokens or 1
+        self.costs = step_costs(
+            PerfConfig(
+                tp_size=args.tp_size,
+                disable_custom_all_reduce=args.disable_custom_all_reduce,
+                num_continuous_decode_steps=args.num_continuous_decode_steps,
+                speculative_algorithm=args.speculative_algorithm,
+                num_steps=self.num_steps,
+                eagle_topk=args.speculative_eagle_topk or 1,
+                num_draft_tokens=self.num_draft_tokens,
+                nccl_share=self.nccl_share,
+                speed=self.sim.speed,
+                slowdown=self.sim.slowdown,
+            ),
+            constants,
+        )
+        self.memory = plan_memory(resolved, constants)
+        self.metrics = SimMetrics(args.served_model_name) if args.enable_metrics else None
+        self.faults = FaultState(self.sim.fault, self.sim.crash_after)
+        self.engine = Engine(
+            costs=self.costs,
+            max_running_requests=self.memory.max_running_requests,
+            max_prefill_tokens=args.max_prefill_tokens,
+            max_total_num_tokens=self.memory.max_total_num_tokens,
+            decode_log_interval=args.decode_log_interval,
+            speculative=self.speculative,
+            num_draft_tokens=self.num_draft_tokens,
+            disable_radix_cache=args.disable_radix_cache,
+            metrics=self.metrics,
+            on_doomed_progress=self._crash,
+        )
+        self.status = ServerStatus.STARTING
+        self._next_index = 0
+        self._deprecations_logged: set[str] = set()
+        self.health_check_timeout = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+        self.health_generates = os.environ.get(
+            "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true"
+        ).strip().lower() not in ("0", "false", "no", "off")
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def new_sequence(self, item: GenerationInput, *, doomed: bool = False) -> Sequence:
+        """Plan one request: index, RNG, speed factor, length and acceptance, then submit it."""
+        index = self._next_index
+        self._next_index += 1
+        rng = random.Random(f"{self.sim.seed}:{index}")
+        return self._submit(item, index, rng, doomed=doomed)
+
+    def new_health_probe(self) -> Sequence:
+        """SGLang's 1-token probe; it consumes no request index, so probes never shift seeds."""
+        probe = GenerationInput(
+            rid=f"HEALTH_CHECK_{time.time()}",
+            prompt_ids=[0],
+            prompt_is_text=False,
+            sampling=_PROBE_SAMPLING,
+            log_metrics=False,
+        )
+        return self._submit(probe, -1, random.Random(0), doomed=False, noise=False)
+
+    def _submit(
+        self,
+        item: GenerationInput,
+        index: int,
+        rng: random.Random,
+        *,
+        doomed: bool,
+        noise: bool = True,
+    ) -> Sequence:
+        sampling = item.sampling
+        key = prompt_key(item.prompt_ids)
+        greedy = sampling.temperature < 1e-6
+        speed = speed_factor(rng, self.sim.noise_cv) if noise else 1.0
+        # Greedy decoding is a function of the prompt: same text and same natural length.
+        content_rng = random.Random(key) if greedy else rng
+        token_seed = content_rng.getrandbits(64)
+        natural = natural_length(content_rng, self.constants)
+        budget = sampling.max_new_tokens
+        if budget is None:
+            budget = max(0, self.memory.context_len - len(item.prompt_ids))
+        stops_naturally = not sampling.ignore_eos and natural < budget
+        target = max(natural, sampling.min_new_tokens) if stops_naturally else budget
+        probs: tuple[float, ...] = ()
+        if self.speculative:
+            # Random weights (--load-format dummy) make every draft wrong: accept length 1.
+            dummy_weights = self.args.load_format == "dummy"
+            probs = acceptance_probabilities(
+                algorithm=self.args.speculative_algorithm or "",
+                num_steps=self.num_steps,
+                eagle_topk=self.args.speculative_eagle_topk or 1,
+                num_draft_tokens=self.num_draft_tokens,
+                temperature=sampling.temperature,
+                prompt_is_text=item.prompt_is_text,
+                accept_scale=0.0 if dummy_weights else self.sim.accept_scale,
+                constants=self.constants,
+            )
+        seq = Sequence(
+            rid=item.rid,
+            index=index,
+            prompt_tokens=len(item.prompt_ids),
+            prompt_key=key,
+            target_tokens=min(target, budget),
+            stops_naturally=stops_naturally,
+            probs=probs,
+            speed=speed,
+            rng=rng,
+            output=OutputTokens(token_seed),
+            arrival=asyncio.get_running_loop().time(),
+            log_metrics=item.log_metrics,
+            doomed=doomed,
+        )
+        self.engine.submit(seq)
+        return seq
+
+    def _crash(self, seq: Sequence) -> None:
+        # Stop producing tokens first, so the doomed request is still being served at the kill.
+        self.engine.freeze()
+        self.faults.crash_while_serving()
+
+    async def updates(
+        self, seq: Sequence, stream_interval: int | None = None
+    ) -> AsyncIterator[int]:
+        """Yield the completion count whenever a client should get a chunk; ends after the last.
+
+        The count is read when the consumer wakes, so a slow consumer coalesces steps.
+        """
+        interval = stream_interval or self.args.stream_interval
+        sent = 0
+        while True:
+            await seq.changed.wait()
+            seq.changed.clear()
+            count = seq.completion_tokens
+            if seq.finished:
+                yield count
+                return
+            if count - sent >= interval:
+                sent = count
+                yield count
+
+    async def wait_finished(self, seq: Sequence) -> None:
+        while not seq.finished:
+            await seq.changed.wait()
+            seq.changed.clear()
+
+    # -- response pieces ------------------------------------------------------------------------
+
+    def finish_reason(self, seq: Sequence) -> dict[str, Any] | None:
+        if not seq.finished:
+            return None
+        if seq.aborted:
+            return {"type": "abort", "message": "Abort before the request finished."}
+        if seq.stops_naturally:
+            return {"type": "stop", "matched": EOS_TOKEN_ID}
+        return {"type": "length", "length": seq.target_tokens}
+
+    def meta_info(self, seq: Sequence, count: int) -> dict[str, Any]:
+        """``meta_info`` for a response showing ``count`` tokens; final fields once finished."""
+        final = seq.finished and count == seq.completion_tokens
+        info: dict[str, Any] = {
+            "id": seq.rid,
+            "finish_reason": self.finish_reason(seq) if final else None,
+            "prompt_tokens": seq.prompt_tokens,
+            "weight_version": self.args.weight_version,
+            "total_retractions": 0,
+            "completion_tokens": count,
+            "cached_tokens": seq.cached_tokens,
+        }
+        if not final:
+            return info
+        if self.speculative:
+            info.update(spec_meta_info(seq, self.num_draft_tokens))
+        end = seq.finish_time if seq.finish_time is not None else seq.last_token_time
+        info["e2e_latency"] = end - seq.arrival
+        if self.args.enable_metrics:
+            info.update(timing_meta_info(seq, end))
+        return info
+
+    # -- info routes ----------------------------------------------------------------------------
+
+    def log_deprecated_once(self, old: str, new: str) -> None:
+        if old not in self._deprecations_logged:
+            self._deprecations_logged.add(old)
+            main_log.warning(
+                "Endpoint '%s' is deprecated and will be removed in a future version. "
+                "Please use '%s' instead.",
+                old,
+                new,
+            )
+
+    def model_info(self) -> dict[str, Any]:
+        model_type, architectures = guess_architecture(self.args.model_path)
+        return {
+            "model_path": self.args.model_path,
+            "tokenizer_path": self.args.tokenizer_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.args.weight_version,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": model_type,
+            "architectures": architectures,
+        }
+
+    def internal_state(self) -> dict[str, Any]:
+        stats = self.engine.stats
+        state: dict[str, Any] = {
+            "attention_backend": self.args.attention_backend or "flashinfer",
+            "speculative_accept_threshold_single": self.args.speculative_accept_threshold_single,
+            "speculative_accept_threshold_acc": self.args.speculative_accept_threshold_acc,
+            "last_gen_throughput": stats.last_gen_throughput,
+            "memory_usage": {
+                "weight": round(self.memory.weights_gb, 2),
+                "kvcache": round(self.memory.kv_cache_gb, 2),
+                "token_capacity": self.memory.max_total_num_tokens,
+                "graph": self.memory.cuda_graph_gb,
+            },
+        }
+        # Present only with speculation on and a count folded in, as upstream.
+        if self.speculative and stats.avg_spec_accept_length is not None:
+            state["avg_spec_accept_length"] = stats.avg_spec_accept_length
+        return state
+
+    def server_info(self) -> dict[str, Any]:
+        return {
+            **self.args.echo(),
+            "max_total_num_tokens": self.memory.max_total_num_tokens,
+            "max_req_input_len": self.memory.max_req_input_len,
+            "internal_states": [self.internal_state()],
+            "version": SIMULATED_SGLANG_VERSION,
+            "simulated": True,
+            "sim_version": __version__,
+            "sim_seed": self.sim.seed,
+            "sim_speed": self.sim.speed,
+            "sim_slowdown": self.sim.slowdown,
+            "sim_accept_scale": self.sim.accept_scale,
+            "sim_noise_cv": self.sim.noise_cv,
+            "sim_nccl_tuning": self.nccl_share,
+            "sim_communication_share": self.communication_share,
+            "sim_fault": self.sim.fault,
+            "sim_unknown_args": list(self.sim.unknown_args),
+            "sim_engine_max_lag_seconds": self.engine.max_lag,
+            "sim_model_constants": str(MODEL_CONSTANTS_PATH),
+        }
+
+    # -- health ---------------------------------------------------------------------------------
+
+    async def health_status(self) -> int:
+        """SGLang's merged /health and /health_generate handler (era B/C)."""
+        if self.status is ServerStatus.STARTING:
+            return 503
+        if self.faults.health_flaps_down():
+            return 503
+        if not self.health_generates:
+            return 200
+        tic = asyncio.get_running_loop().time()
+        self.new_health_probe()
+        # Upstream polls once a second; scaled by --sim-speed to keep simulated runs fast.
+        poll = min(1.0, 1.0 / self.sim.speed)
+        deadline = tic + self.health_check_timeout
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(poll)
+            if self.engine.last_output_time > tic:
+                self.status = ServerStatus.UP
+                return 200
+        main_log.error(
+            "Health check failed. Server couldn't get a response from detokenizer for last "
+            "%d seconds. tic start time: %s. last_heartbeat time: %s",
+            int(self.health_check_timeout),
+            time.strftime("%H:%M:%S", time.localtime(time.time() - self.health_check_timeout)),
+            time.strftime("%H:%M:%S", time.localtime()),
+        )
+        self.status = ServerStatus.UNHEALTHY
+        return 503
+
+
+_PROBE_SAMPLING = SamplingParams(max_new_tokens=1, temperature=0.0)
+
+
+def spec_meta_info(seq: Sequence, num_draft_tokens: int) -> dict[str, Any]:
+    """The final-response ``spec_*`` fields (SGLang era B names; bonus token excluded from
+    ``spec_accept_token_num``)."""
+    verify_ct = seq.verify_ct
+    if verify_ct == 0:
+        return {"spec_verify_ct": 0, "spec_accept_rate": 0.0, "spec_accept_length": 0}
+    proposed = verify_ct * max(1, num_draft_tokens - 1)
+    return {
+        "spec_verify_ct": verify_ct,
+        "spec_accept_length": seq.completion_tokens / verify_ct,
+        "spec_accept_rate": seq.accepted_drafts / proposed,
+        "spec_accept_token_num": seq.accepted_drafts,
+        "spec_draft_token_num": proposed,
+        "spec_accept_histogram": list(seq.accept_histogram),
+    }
+
+
+def timing_meta_info(seq: Sequence, end: float) -> dict[str, Any]:
+    """``--enable-metrics`` timing fields (final response only), Unix timestamps as upstream.
+
+    Engine times are event-loop (monotonic) seconds; they are mapped to the wall clock now.
+    """
+    to_unix = time.time() - asyncio.get_running_loop().time()
+    admitted = seq.admitted_at if seq.admitted_at is not None else seq.arrival
+    first = seq.first_token_time if seq.first_token_time is not None else end
+    decode_seconds = end - first
+    return {
+        "queue_time": admitted - seq.arrival,
+        "request_received_ts": seq.arrival + to_unix,
+        "prefill_finished_ts": first + to_unix,
+        "decode_finished_ts": end + to_unix,
+        "response_sent_to_client_ts": time.time(),
+        "inference_time": end - admitted,
+        "decode_throughput": seq.completion_tokens / decode_seconds if decode_seconds > 0 else 0.0,
+    }
+
+
+_ARCHITECTURES = (
+    ("llama", "llama", "LlamaForCausalLM"),
+    ("kimi", "kimi_k2", "DeepseekV3ForCausalLM"),
+    ("deepseek", "deepseek_v3", "DeepseekV3ForCausalLM"),
+    ("qwen", "qwen3_moe", "Qwen3MoeForCausalLM"),
+    ("grok", "grok-1", "Grok1ForCausalLM"),
+)
+
+
+def guess_architecture(model_path: str) -> tuple[str, list[str]]:
+    lowered = model_path.lower()
+    for needle, model_type, architecture in _ARCHITECTURES:
+        if needle in lowered:
+            return model_type, [architecture]
+    return "simulated", ["SimulatedForCausalLM"]

@@ -1,0 +1,1 @@
+"""Tests of the simulated SGLang server (``python -m pytest_specdecode.sim``)."""
