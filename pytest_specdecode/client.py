@@ -1,0 +1,741 @@
+"""The measurement client: sends a workload's requests and records what happened to each.
+
+What differs between backends and APIs lives in one small *protocol adapter* per API
+(``SglangGenerate``, ``OpenAICompletions``): the request path and body, and how one response body
+or one stream event is read into a ``ParsedUpdate``. Everything else (HTTP, timeouts, SSE
+framing, token timelines, errors, concurrency) is shared by ``MeasurementClient``. A llama.cpp
+adapter (``timings.draft_n``/``draft_n_accepted``) is meant to be one more such class.
+
+Token counting in streams (see ``reference/sglang-api.md`` §2.4, §3):
+
+* SGLang ``/generate`` chunks carry the cumulative ``meta_info.completion_tokens``; one chunk can
+  carry several tokens (a verify step accepts several), so each chunk records its arrival time
+  and cumulative count, and metrics split the gap over the tokens it brought (bench_serving).
+* OpenAI ``/v1/completions`` chunks carry text deltas. The client asks for
+  ``stream_options.continuous_usage_stats`` (SGLang then attaches a cumulative ``usage`` to every
+  chunk, giving exact counts) and ``include_usage`` (a final usage-only chunk). A server that
+  ignores ``continuous_usage_stats`` gets each non-empty text chunk counted as one token, and the
+  counts are then scaled to the final ``usage.completion_tokens``: totals are exact, but the
+  per-chunk split, hence ITL, is an even-spread approximation (bench_serving retokenizes each
+  chunk's text instead, which needs the model's tokenizer).
+* OpenAI responses carry spec fields only on SGLang 2026+ (era D), as
+  ``sglext.spec_tokens_details`` when the request sets ``return_spec_tokens_details``. The client
+  always sets it: SGLang's request models ignore unknown fields, as does llama.cpp, so older
+  servers simply return no spec fields (``spec_verify_ct`` None).
+
+Errors are ``RequestError``s naming the URL (credentials removed) and never the API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+from typing import Protocol, TypeVar
+
+import httpx
+
+from pytest_specdecode.errors import ConfigError, RequestError
+from pytest_specdecode.workloads import APIS, Prompt, Workload
+
+_T = TypeVar("_T")
+_EXCERPT_CHARS = 300
+
+
+# --- records -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What happened to one request. Times are ``time.perf_counter()`` seconds.
+
+    ``chunk_times``/``chunk_tokens`` hold the arrival time and the *cumulative* completion tokens
+    of every stream chunk that added tokens (non-streaming: one entry at ``t_end``).
+    ``t_first_token`` is the arrival of the first chunk with >= 1 token; None when not streaming.
+    ``spec`` holds every spec field other than ``spec_verify_ct`` (names vary by SGLang era).
+    """
+
+    prompt_kind: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None
+    t_start: float
+    t_first_token: float | None
+    t_end: float
+    chunk_times: tuple[float, ...]
+    chunk_tokens: tuple[int, ...]
+    spec_verify_ct: int | None
+    spec: Mapping[str, object]
+    finish_reason: str | None
+    server_e2e_latency: float | None
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token (s), or None for a non-streaming request."""
+        return None if self.t_first_token is None else self.t_first_token - self.t_start
+
+    @property
+    def e2e(self) -> float:
+        """End-to-end latency as the client saw it (s)."""
+        return self.t_end - self.t_start
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The requests of one measured run; ``t_start``/``t_end`` bracket the whole run."""
+
+    records: tuple[RequestRecord, ...]
+    t_start: float
+    t_end: float
+    run_index: int
+
+    @property
+    def wall_s(self) -> float:
+        """Wall time of the whole run (s), the denominator of tok/s."""
+        return self.t_end - self.t_start
+
+
+# --- protocol adapters -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParsedUpdate:
+    """What one response body or one stream event says about a request.
+
+    ``completion_tokens`` is a cumulative count stated by the server. ``summary`` marks counts
+    that describe the whole request rather than tokens arriving now (OpenAI's final usage-only
+    chunk). ``has_text`` says the event carried generated text (used to count tokens when the
+    server states no count per chunk).
+    """
+
+    completion_tokens: int | None = None
+    has_text: bool = False
+    summary: bool = False
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    spec_verify_ct: int | None = None
+    spec: Mapping[str, object] = field(default_factory=dict)
+    server_e2e_latency: float | None = None
+
+
+class ProtocolAdapter(Protocol):
+    """One backend API: how to build a request and read its response or stream events.
+
+    Parse methods raise ``RequestError`` (without a URL; the client adds it) for an error object
+    or a body of the wrong shape.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def streaming(self) -> bool: ...
+
+    def request(self, prompt: Prompt, workload: Workload) -> tuple[str, dict[str, object]]:
+        """The path and JSON body of one request."""
+        ...
+
+    def parse_final(self, body: object) -> ParsedUpdate:
+        """A non-streaming response body."""
+        ...
+
+    def parse_event(self, data: object) -> ParsedUpdate | None:
+        """One decoded SSE ``data`` object; None if it says nothing about the request."""
+        ...
+
+
+@dataclass(frozen=True)
+class SglangGenerate:
+    """SGLang's native ``POST /generate``: cumulative ``meta_info`` in every chunk, spec fields
+    and ``e2e_latency`` in the final one."""
+
+    streaming: bool
+
+    @property
+    def name(self) -> str:
+        return "generate-stream" if self.streaming else "generate"
+
+    def request(self, prompt: Prompt, workload: Workload) -> tuple[str, dict[str, object]]:
+        sampling_params = {
+            "temperature": workload.temperature,
+            "max_new_tokens": workload.max_new_tokens,
+            "ignore_eos": workload.ignore_eos,
+        }
+        return "/generate", {
+            "text": prompt.text,
+            "sampling_params": sampling_params,
+            "stream": self.streaming,
+        }
+
+    def parse_final(self, body: object) -> ParsedUpdate:
+        return self.parse_event(body)  # a non-streaming body has the shape of a final chunk
+
+    def parse_event(self, data: object) -> ParsedUpdate:
+        obj = _json_object(data, "a /generate response")
+        _raise_if_error(obj)
+        meta = _json_object(obj.get("meta_info"), "meta_info of a /generate response")
+        finish = meta.get("finish_reason")
+        finish_reason = None
+        if isinstance(finish, Mapping):
+            finish_reason = str(finish.get("type"))
+            if finish_reason == "abort":
+                raise RequestError(f"the server aborted the request: {finish.get('message')!r}")
+        elif finish is not None:
+            finish_reason = str(finish)
+        return ParsedUpdate(
+            completion_tokens=_count(meta, "completion_tokens", required=True),
+            has_text=bool(obj.get("text")),
+            prompt_tokens=_count(meta, "prompt_tokens"),
+            cached_tokens=_count(meta, "cached_tokens"),
+            finish_reason=finish_reason,
+            spec_verify_ct=_count(meta, "spec_verify_ct"),
+            spec=_spec_fields(meta),
+            server_e2e_latency=_number(meta.get("e2e_latency")),
+        )
+
+
+@dataclass(frozen=True)
+class OpenAICompletions:
+    """OpenAI-compatible ``POST /v1/completions`` (SGLang extension ``ignore_eos``)."""
+
+    streaming: bool
+    model: str | None = None
+
+    @property
+    def name(self) -> str:
+        return "completions-stream" if self.streaming else "completions"
+
+    def request(self, prompt: Prompt, workload: Workload) -> tuple[str, dict[str, object]]:
+        body: dict[str, object] = {
+            "prompt": prompt.text,
+            "max_tokens": workload.max_new_tokens,
+            "temperature": workload.temperature,
+            "ignore_eos": workload.ignore_eos,
+            "stream": self.streaming,
+            "return_spec_tokens_details": True,
+        }
+        if self.model is not None:
+            body["model"] = self.model  # SGLang and llama.cpp do not need it
+        if self.streaming:
+            body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        return "/v1/completions", body
+
+    def parse_final(self, body: object) -> ParsedUpdate:
+        update = self.parse_event(body)
+        if update.completion_tokens is None:
+            raise RequestError("the response has no usage.completion_tokens")
+        return replace(update, summary=True)
+
+    def parse_event(self, data: object) -> ParsedUpdate:
+        obj = _json_object(data, "a /v1/completions response")
+        _raise_if_error(obj)
+        choices = obj.get("choices") or []
+        if not isinstance(choices, list):
+            raise RequestError(f"'choices' is not a list: {_excerpt(choices)}")
+        choice = _json_object(choices[0], "a choice") if choices else {}
+        text = choice.get("text")
+        usage = obj.get("usage")
+        usage = _json_object(usage, "usage") if usage is not None else {}
+        details = usage.get("prompt_tokens_details")
+        cached = _count(details, "cached_tokens") if isinstance(details, Mapping) else None
+        sglext = obj.get("sglext")
+        spec_details = sglext.get("spec_tokens_details") if isinstance(sglext, Mapping) else None
+        spec_details = spec_details if isinstance(spec_details, Mapping) else {}
+        finish = choice.get("finish_reason")
+        if finish == "abort":
+            raise RequestError("the server aborted the request (finish_reason 'abort')")
+        return ParsedUpdate(
+            completion_tokens=_count(usage, "completion_tokens"),
+            has_text=isinstance(text, str) and text != "",
+            summary=not choices,
+            prompt_tokens=_count(usage, "prompt_tokens"),
+            cached_tokens=cached,
+            finish_reason=None if finish is None else str(finish),
+            spec_verify_ct=_count(spec_details, "spec_verify_ct"),
+            spec=_spec_fields(spec_details),
+        )
+
+
+def adapter_for(api: str, *, model: str | None = None) -> ProtocolAdapter:
+    """The adapter for a workload's ``api`` (``model`` is sent by OpenAI-style APIs if given)."""
+    if api in ("generate", "generate-stream"):
+        return SglangGenerate(streaming=api == "generate-stream")
+    if api in ("completions", "completions-stream"):
+        return OpenAICompletions(streaming=api == "completions-stream", model=model)
+    raise ConfigError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
+
+
+def _json_object(value: object, what: str) -> Mapping[str, object]:
+    if not isinstance(value, Mapping):
+        raise RequestError(f"expected {what} to be a JSON object, got {_excerpt(value)}")
+    return value
+
+
+def _raise_if_error(obj: Mapping[str, object]) -> None:
+    # SGLang sends {"error": {...}} inside a 200 stream; OpenAI-style servers may send an
+    # ErrorResponse ({"object": "error", "message": ...}).
+    if obj.get("error") is not None or obj.get("object") == "error":
+        raise RequestError(f"the server reported an error: {_error_message(obj)}")
+
+
+def _error_message(obj: Mapping[str, object]) -> str:
+    error = obj.get("error", obj)
+    if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    return _excerpt(error)
+
+
+def _count(mapping: Mapping[str, object], key: str, *, required: bool = False) -> int | None:
+    value = mapping.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise RequestError(f"expected {key} to be a count, got {_excerpt(value)}")
+    return value
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _spec_fields(mapping: Mapping[str, object]) -> dict[str, object]:
+    return {k: v for k, v in mapping.items() if k.startswith("spec_") and k != "spec_verify_ct"}
+
+
+def _excerpt(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=repr)
+    text = " ".join(text.split())
+    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "…"
+
+
+# --- stream state ------------------------------------------------------------------------------
+
+
+class _Timeline:
+    """Accumulates the updates of one request into a token timeline and final fields."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.counts: list[int] = []
+        self.tokens = 0
+        self.estimated = False
+        self.reported_total: int | None = None
+        self.done = False
+        self.prompt_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        self.finish_reason: str | None = None
+        self.spec_verify_ct: int | None = None
+        self.spec: dict[str, object] = {}
+        self.server_e2e_latency: float | None = None
+
+    def apply(self, update: ParsedUpdate, now: float) -> None:
+        if update.summary:
+            if update.completion_tokens is not None:
+                self.reported_total = update.completion_tokens
+        else:
+            new = self.tokens
+            if update.completion_tokens is not None:
+                new = update.completion_tokens
+            elif update.has_text:
+                new, self.estimated = self.tokens + 1, True
+            if new > self.tokens:
+                self.times.append(now)
+                self.counts.append(new)
+                self.tokens = new
+        self.prompt_tokens = _latest(update.prompt_tokens, self.prompt_tokens)
+        self.cached_tokens = _latest(update.cached_tokens, self.cached_tokens)
+        self.finish_reason = _latest(update.finish_reason, self.finish_reason)
+        self.spec_verify_ct = _latest(update.spec_verify_ct, self.spec_verify_ct)
+        self.server_e2e_latency = _latest(update.server_e2e_latency, self.server_e2e_latency)
+        self.spec.update(update.spec)
+
+    def record(self, prompt: Prompt, t_start: float, t_end: float, streamed: bool) -> RequestRecord:
+        total = self.tokens if self.reported_total is None else self.reported_total
+        if self.estimated and self.reported_total is None:
+            raise RequestError(
+                "the stream carried no token counts (no usage in any chunk), so generated tokens "
+                "cannot be counted; the server ignored stream_options.include_usage. Use api "
+                "'generate-stream' or a server that reports usage"
+            )
+        if self.prompt_tokens is None:
+            raise RequestError("the response carried no prompt token count")
+        times, counts = _reconcile(self.times, self.counts, total)
+        if not streamed:
+            times, counts = ([t_end], [total]) if total else ([], [])
+        return RequestRecord(
+            prompt_kind=prompt.kind,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=total,
+            cached_tokens=self.cached_tokens,
+            t_start=t_start,
+            t_first_token=times[0] if streamed and times else None,
+            t_end=t_end,
+            chunk_times=tuple(times),
+            chunk_tokens=tuple(counts),
+            spec_verify_ct=self.spec_verify_ct,
+            spec=dict(self.spec),
+            finish_reason=self.finish_reason,
+            server_e2e_latency=self.server_e2e_latency,
+        )
+
+
+def _latest(new: _T | None, old: _T | None) -> _T | None:
+    return old if new is None else new
+
+
+def _reconcile(times: list[float], counts: list[int], total: int) -> tuple[list[float], list[int]]:
+    """Scale estimated cumulative counts so the last equals the server's total, keeping only
+    chunks that still add tokens (the first chunk keeps >= 1 token, so TTFT is unchanged)."""
+    if not counts or counts[-1] == total:
+        return times, counts
+    if total == 0:
+        return [], []
+    last = counts[-1]
+    kept_times: list[float] = []
+    kept_counts: list[int] = []
+    for t, count in zip(times, counts, strict=True):
+        scaled = max(1, (2 * count * total + last) // (2 * last))  # round half up
+        if not kept_counts or scaled > kept_counts[-1]:
+            kept_times.append(t)
+            kept_counts.append(scaled)
+    return kept_times, kept_counts
+
+
+async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The ``data`` payload of each server-sent event (multi-line data joined with newlines)."""
+    data: list[str] = []
+    async for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        name, _, value = line.partition(":")
+        if name == "data":
+            data.append(value[1:] if value.startswith(" ") else value)
+        # Comments (":...") and the event/id/retry fields carry nothing we use.
+    if data:
+        yield "\n".join(data)
+
+
+# --- the client --------------------------------------------------------------------------------
+
+
+class MeasurementClient:
+    """Sends a workload's requests to one server and records each request's timeline.
+
+    A synchronous API over asyncio + ``httpx.AsyncClient``: the client owns a private event loop,
+    so call it from synchronous code only, and from one thread. ``connect_timeout`` bounds each
+    connection attempt; ``request_timeout`` bounds each request from sending to the last byte
+    (and so any silence within it). ``transport`` is for tests (``httpx.MockTransport``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        connect_timeout: float = 10.0,
+        request_timeout: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        try:
+            url = httpx.URL(base_url)
+        except httpx.InvalidURL as exc:
+            raise ConfigError(f"server URL {base_url!r} is not a valid URL: {exc}") from exc
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ConfigError(
+                f"server URL {base_url!r} is not an http:// or https:// URL with a host, e.g. "
+                f"http://127.0.0.1:30000"
+            )
+        self._api_key = api_key
+        self._model = model
+        self._connect_timeout = connect_timeout
+        self._request_timeout = request_timeout
+        self._display_url = str(url.copy_with(userinfo=b"")).rstrip("/")
+        self._flush_supported: bool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = asyncio.new_event_loop()
+        self._http = httpx.AsyncClient(
+            base_url=str(url).rstrip("/"),
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
+            timeout=httpx.Timeout(request_timeout, connect=connect_timeout),
+            # Our semaphore bounds the requests in flight; the pool must never queue them.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+            transport=transport,
+        )
+
+    # -- lifecycle --
+
+    def close(self) -> None:
+        """Close the HTTP connections and the event loop; the client cannot be used afterwards."""
+        if self._loop is not None:
+            self._loop.run_until_complete(self._http.aclose())
+            self._loop.close()
+            self._loop = None
+
+    def __enter__(self) -> MeasurementClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _run_sync(self, coro: Awaitable[_T]) -> _T:
+        if self._loop is None:
+            if asyncio.iscoroutine(coro):
+                coro.close()
+            raise RuntimeError("this MeasurementClient is closed; create a new one")
+        return self._loop.run_until_complete(coro)
+
+    @property
+    def flush_supported(self) -> bool | None:
+        """Whether the server has ``/flush_cache`` (None until ``flush_cache`` was called)."""
+        return self._flush_supported
+
+    # -- measuring --
+
+    def run(self, workload: Workload, run_index: int) -> RunRecord:
+        """One measured run: ``requests_per_run`` requests, at most ``concurrency`` in flight.
+        Any failed request fails the run with a ``RequestError``."""
+        prompts = workload.prompts_for_run(run_index)
+        label = f"workload {workload.name!r}, run {run_index}"
+        records, t_start, t_end = self._run_sync(self._send_all(workload, prompts, label))
+        return RunRecord(records=records, t_start=t_start, t_end=t_end, run_index=run_index)
+
+    def warmup(self, workload: Workload) -> None:
+        """Send the workload's warm-up requests (same shape and concurrency, not recorded)."""
+        prompts = workload.prompts_for_warmup()
+        if prompts:
+            label = f"workload {workload.name!r}, warm-up"
+            self._run_sync(self._send_all(workload, prompts, label))
+
+    async def _send_all(
+        self, workload: Workload, prompts: Sequence[Prompt], label: str
+    ) -> tuple[tuple[RequestRecord, ...], float, float]:
+        adapter = adapter_for(workload.api, model=self._model)
+        slots = asyncio.Semaphore(workload.concurrency)
+
+        async def one(number: int, prompt: Prompt) -> RequestRecord:
+            async with slots:
+                try:
+                    return await self._send(adapter, prompt, workload)
+                except RequestError as exc:
+                    where = f"{label}, request {number} of {len(prompts)} ({prompt.kind} prompt)"
+                    raise RequestError(
+                        f"{where}: {exc}",
+                        url=exc.url,
+                        status=exc.status,
+                    ) from exc
+
+        t_start = time.perf_counter()
+        tasks = [asyncio.ensure_future(one(n, p)) for n, p in enumerate(prompts, 1)]
+        _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        t_end = time.perf_counter()
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in tasks:
+            failure = None if task.cancelled() else task.exception()
+            if failure is not None:
+                raise failure  # the lowest-numbered failed request; the others were cancelled
+        return tuple(task.result() for task in tasks), t_start, t_end
+
+    async def _send(
+        self, adapter: ProtocolAdapter, prompt: Prompt, workload: Workload
+    ) -> RequestRecord:
+        path, body = adapter.request(prompt, workload)
+        url = self._display_url + path
+        timeline = _Timeline()
+        t_start = time.perf_counter()
+        try:
+            send = self._stream if adapter.streaming else self._post
+            t_end = await asyncio.wait_for(
+                send(adapter, path, body, timeline), timeout=self._request_timeout
+            )
+            return timeline.record(prompt, t_start, t_end, streamed=adapter.streaming)
+        except RequestError as exc:
+            raise self._error(f"{url}: {exc}", url, exc.status) from exc
+        except asyncio.TimeoutError as exc:
+            raise self._error(
+                f"{url}: no complete response within request_timeout={self._request_timeout:g}s "
+                f"({timeline.tokens} tokens received)",
+                url,
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc, url, timeline.tokens) from exc
+
+    async def _post(
+        self, adapter: ProtocolAdapter, path: str, body: dict[str, object], timeline: _Timeline
+    ) -> float:
+        response = await self._http.post(path, json=body)
+        t_end = time.perf_counter()
+        if response.status_code != 200:
+            raise _status_error(response)
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise RequestError(f"the response is not JSON: {_excerpt(response.text)}") from exc
+        timeline.apply(adapter.parse_final(data), t_end)
+        timeline.done = True
+        return t_end
+
+    async def _stream(
+        self, adapter: ProtocolAdapter, path: str, body: dict[str, object], timeline: _Timeline
+    ) -> float:
+        async with self._http.stream("POST", path, json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                raise _status_error(response)
+            content_type = response.headers.get("content-type", "")
+            if "text/event-stream" not in content_type:
+                await response.aread()
+                raise RequestError(
+                    f"expected an event stream (text/event-stream), got content-type "
+                    f"{content_type!r}: {_excerpt(response.text)}"
+                )
+            async for payload in _sse_data(response.aiter_lines()):
+                now = time.perf_counter()
+                if payload.strip() == "[DONE]":
+                    timeline.done = True
+                    break  # SGLang ends the response here; bench_serving does not reuse it either
+                try:
+                    data = json.loads(payload)
+                except json.JSONDecodeError as exc:
+                    raise RequestError(
+                        f"malformed event in the stream (not JSON, {exc.msg}): {_excerpt(payload)}"
+                    ) from exc
+                update = adapter.parse_event(data)
+                if update is not None:
+                    timeline.apply(update, now)
+        t_end = time.perf_counter()
+        if not timeline.done or timeline.finish_reason is None:
+            missing = "[DONE]" if timeline.finish_reason is not None else "a final chunk"
+            raise RequestError(
+                f"stream ended early: server closed the connection after {timeline.tokens} "
+                f"tokens without {missing}"
+            )
+        return t_end
+
+    # -- server housekeeping --
+
+    def flush_cache(self, *, timeout: float = 30.0, retry_interval: float = 0.5) -> bool:
+        """``GET /flush_cache``; retries while the server answers 400 (requests still running)
+        until ``timeout``. Returns False (and remembers it) if the server has no such route."""
+        return self._run_sync(self._flush_cache(timeout, retry_interval))
+
+    async def _flush_cache(self, timeout: float, retry_interval: float) -> bool:
+        if self._flush_supported is False:
+            return False
+        url = self._display_url + "/flush_cache"
+        deadline = time.monotonic() + timeout
+        while True:
+            response = await self._get("/flush_cache")
+            if response.status_code == 200:
+                self._flush_supported = True
+                return True
+            if response.status_code == 404:
+                self._flush_supported = False
+                return False
+            remaining = deadline - time.monotonic()
+            if response.status_code != 400:
+                raise self._status_error(response, url)
+            if remaining <= 0:
+                raise self._error(
+                    f"{url}: the server stayed busy (HTTP 400: requests running or waiting) for "
+                    f"{timeout:g}s, so the cache was not flushed; is another client sending "
+                    f"requests to this server?",
+                    url,
+                    400,
+                )
+            await asyncio.sleep(min(retry_interval, remaining))
+
+    def server_info(self) -> dict[str, object]:
+        """``GET /server_info`` (SGLang >= 0.5.5), falling back to ``/get_server_info`` on 404."""
+        return self._run_sync(self._server_info())
+
+    async def _server_info(self) -> dict[str, object]:
+        for path in ("/server_info", "/get_server_info"):
+            url = self._display_url + path
+            response = await self._get(path)
+            if response.status_code == 404:
+                continue
+            if response.status_code != 200:
+                raise self._status_error(response, url)
+            try:
+                info = response.json()
+            except ValueError:
+                info = None
+            if not isinstance(info, dict):
+                raise self._error(
+                    f"{url}: expected a JSON object, got {_excerpt(response.text)}", url
+                )
+            return info
+        raise self._error(
+            f"{self._display_url}: neither /server_info nor /get_server_info exists (HTTP 404); "
+            f"is this an SGLang server?",
+            self._display_url + "/server_info",
+            404,
+        )
+
+    async def _get(self, path: str) -> httpx.Response:
+        try:
+            return await self._http.get(path)
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc, self._display_url + path, None) from exc
+
+    # -- errors --
+
+    def _error(self, message: str, url: str, status: int | None = None) -> RequestError:
+        if self._api_key:
+            message = message.replace(self._api_key, "***")
+        return RequestError(message, url=url, status=status)
+
+    def _status_error(self, response: httpx.Response, url: str) -> RequestError:
+        return self._error(f"{url}: {_status_error(response)}", url, response.status_code)
+
+    def _transport_error(self, exc: httpx.HTTPError, url: str, tokens: int | None) -> RequestError:
+        received = "" if tokens is None else f" after {tokens} tokens"
+        if isinstance(exc, httpx.ConnectTimeout):
+            why = f"could not connect within connect_timeout={self._connect_timeout:g}s"
+        elif isinstance(exc, httpx.ConnectError):
+            why = f"cannot connect ({exc}); is the server running and listening there?"
+        elif isinstance(exc, httpx.ReadTimeout):
+            why = (
+                f"the server sent nothing for request_timeout={self._request_timeout:g}s "
+                f"(read timeout){received}"
+            )
+        elif isinstance(exc, (httpx.WriteTimeout, httpx.PoolTimeout)):
+            why = f"{type(exc).__name__} after request_timeout={self._request_timeout:g}s"
+        elif isinstance(exc, httpx.RemoteProtocolError) and tokens is not None:
+            why = f"stream ended early: server closed the connection{received} ({exc})"
+        else:
+            why = f"{type(exc).__name__}: {exc}{received}"
+        return self._error(f"{url}: {why}", url)
+
+
+def _status_error(response: httpx.Response) -> RequestError:
+    """The error for a non-200 response: status, the server's message or a body excerpt, a hint."""
+    try:
+        data = response.json()
+        detail = _error_message(data) if isinstance(data, Mapping) else _excerpt(data)
+    except ValueError:
+        detail = _excerpt(response.text)
+    hint = {
+        401: "; the server wants an API key: check the one configured",
+        403: "; the server rejected the API key",
+        404: "; the server has no such route: is this the right server and api?",
+        503: "; the server is not ready or is unhealthy",
+    }.get(response.status_code, "")
+    return RequestError(
+        f"HTTP {response.status_code} {response.reason_phrase}: {detail or '(empty body)'}{hint}",
+        status=response.status_code,
+    )
