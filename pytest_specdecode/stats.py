@@ -1,0 +1,898 @@
+"""Is the current build better or worse than its baseline by a margin? Pure statistics, no pytest.
+
+**Scale and margin.** Every comparison works on the higher-is-better scale: the ratio is
+current/baseline, or baseline/current for a lower-is-better metric such as TTFT, so a signed
+margin means the same thing everywhere: ``+0.05`` must beat the baseline by 5 %, ``-0.03`` may be
+at most 3 % worse. The claim tested is "ratio >= 1 + margin" (the threshold).
+
+**Verdict.** From the two one-sided (1 - alpha) bounds of the ratio: PASS when the lower bound is
+at or above the threshold, FAIL when the upper bound is below it, INCONCLUSIVE otherwise. PASS and
+FAIL use the same alpha, so the false-PASS rate at the threshold equals the false-FAIL rate. An
+exact tie (a bound equal to the threshold within a relative 1e-9, so that 97/100 against -3 % is not
+decided by floating-point rounding) counts for PASS: "may be at most 3 % worse" includes exactly
+3 % worse. Ties have probability zero for continuous data, so this breaks the symmetry only where
+it has to be broken one way or the other (constant samples).
+
+**Methods.**
+
+- ``welch-log`` (default): Welch's t on log values, so the interval is for the ratio of geometric
+  means and maps straight onto a relative margin; per-run throughput at a CV of a few percent is
+  close to lognormal, where this is the most powerful of the three.
+- ``bootstrap``: seeded percentile bootstrap of log(mean current / mean baseline), two independent
+  resamples, through ``scipy.stats.bootstrap``. The plain percentile interval under-covers at
+  small n (simulated, lognormal, nominal one-sided 95 %: 90.9 % at 5 vs 5, 93.3 % at 10 vs 10,
+  93.7 % at 20 vs 20) because the plug-in variance divides by n and the normal quantile replaces
+  the t quantile; BCa does not fix that (about 93 % from 5 to 30 runs in a smaller simulation).
+  We use Hesterberg's *expanded* percentile interval (The American Statistician 69(4), 2015): the
+  quantile level alpha' = Phi(-f * t(1 - alpha, df)), with f the ratio of the unbiased to the
+  plug-in standard error and Welch's df; simulated coverage is then 94.6-95.7 % from 5 to 20 runs
+  per side. Below 10 runs on either side the bootstrap distribution is too lumpy to carry shape
+  information (126 distinct resamples of 5 runs), so ``welch-log`` is used instead, with a
+  warning. ``seed=None`` derives the seed from the sample values, so the same numbers always give
+  the same verdict. p is the level at which the expanded bound would touch the threshold, from
+  the bootstrap tail fraction; it agrees with the interval up to 1 / (n_resamples + 1).
+- ``rank``: the Hodges-Lehmann shift of the logs (median of all pairwise log-ratios) with the
+  distribution-free interval from the Mann-Whitney U null distribution (Lehmann's order-statistic
+  interval), exact up to 2,500 pairs (computed by the classic recursion; scipy has no public
+  quantile function for U) and normal-approximated beyond. It is robust to a single throttled run
+  but discrete: with n vs m runs the smallest attainable one-sided p is 1/C(n+m, n) (0.05 at
+  3 vs 3, 0.004 at 5 vs 5); when alpha is below that, the interval is unbounded and the verdict
+  INCONCLUSIVE, with a warning. Ties among the pairwise differences make it approximate.
+- ``exact``: used automatically when both sides have at least 2 runs and no variation at all
+  (accept length at temperature 0 can be deterministic): the ratio is known, the bounds equal it,
+  p is 0 or 1, and the MDE is 0.
+
+**Degenerate samples.** One constant side (with the other varying) needs no special case: Welch's
+standard error and degrees of freedom reduce to the one-sample t on the varying side, and a note
+says so. A side with a single run carries no information on run-to-run variance, so no interval can
+be formed: the verdict is INCONCLUSIVE with bounds (0, inf), p = 1 and a warning, never a crash.
+Values must be finite and > 0 (every metric here is a rate or a duration): anything else raises
+:class:`StatsInputError` naming the side, the run and the value.
+
+**Minimum detectable effect.** The relative distance from the threshold at which the one-sided
+Welch-log test at this alpha and n reaches power 0.8: a true ratio of threshold * (1 + MDE) or
+more PASSes, threshold / (1 + MDE) or less FAILs, with probability 0.8. It is computed exactly for
+normal log values with equal CVs on both sides (Gauss-Laguerre quadrature over both sample
+variances, which carries the randomness of Welch's df; the noncentral t with a fixed df promises
+0.8 where Welch delivers 0.74 at 3 vs 3). It is a planning figure for all methods (the rank test
+needs about 5 % more runs, ARE 3/pi). When MDE > |margin|, even an unchanged build cannot be told
+from the threshold, and a warning says so with the number of runs that would.
+
+**Sequential design.** Testing again after every extra run at the full alpha ("peeking") inflates
+the error: six looks at 5..10 runs, each at 0.05, FAIL a build that sits exactly on the threshold
+8-11 % of the time (baselines of 5-50 runs). A :class:`SequentialPlan` looks at ``initial_runs``,
+then every ``step`` runs up to ``max_runs``, and spends alpha across the looks with a Lan-DeMets
+spending function on the run fraction n / max_runs, so that the chance of ever crossing the FAIL
+bound at the threshold is alpha, and the same for PASS (each non-binding for the other). The
+default is O'Brien-Fleming-type: little alpha early (0.0056 at 5 of 10 runs), the last look near
+the fixed-sample test (0.033-0.044 at 10 runs depending on the baseline size), because a server
+load costs far more than a run, so power at ``max_runs`` matters more than stopping early, and a
+large change still stops at the first look. ``pocock`` spends evenly (about 0.015-0.03 per look)
+and stops sooner, with less power at the end.
+
+The per-look levels are calibrated by simulation, not by the textbook z-statistic boundaries:
+those assume a known variance, but every look re-estimates it, which decorrelates the looks
+(0.056 overall instead of 0.05 at 5..10 runs), and Welch's df is itself slightly liberal at
+5 vs 20-100 runs (0.052-0.053 for one look at 0.05). So each look's level is set, on 200,000
+seeded paths of the actual Welch p-values with the truth on the threshold, equal CVs and the
+plan's baseline size, to the value that exactly the spending function's increment of the paths
+first crosses (Monte Carlo error of the overall alpha about +-0.0005). ``n_baseline=None``
+calibrates for a baseline known exactly. Simulated false-FAIL rates at the threshold are checked
+in ``tests/unit/test_stats.py`` and printed by ``benchmarks/bench_verdict.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache, partial
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy import optimize, special, stats
+
+from pytest_specdecode.errors import SpecdecodeError
+
+__all__ = [
+    "BOOTSTRAP_MIN_RUNS",
+    "MDE_POWER",
+    "METHODS",
+    "SPENDING_FUNCTIONS",
+    "Comparison",
+    "SampleSummary",
+    "SequentialPlan",
+    "StatsInputError",
+    "Verdict",
+    "compare",
+    "min_detectable_effect",
+    "required_runs",
+    "run_sequential",
+    "sequential_verdicts",
+    "summarize",
+]
+
+METHODS = ("welch-log", "bootstrap", "rank")
+SPENDING_FUNCTIONS = ("obrien-fleming", "pocock")
+MDE_POWER = 0.8
+BOOTSTRAP_MIN_RUNS = 10
+DEFAULT_RESAMPLES = 9999
+_TIE_TOLERANCE = 1e-9  # on the log scale, i.e. relative
+_EXACT_RANK_MAX_PAIRS = 2500
+_QUADRATURE_NODES = 48
+_CALIBRATION_PATHS = 200_000  # Monte Carlo error of the overall alpha about +-0.0005
+_CALIBRATION_SEED = 20_240_601
+
+
+class StatsInputError(SpecdecodeError, ValueError):
+    """Bad input to a statistics function: a non-positive value, a margin <= -100 %, ..."""
+
+
+class Verdict(str, enum.Enum):
+    """Outcome of one comparison against a margin."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_CODE_TO_VERDICT = {1: Verdict.PASS, -1: Verdict.FAIL, 0: Verdict.INCONCLUSIVE}
+
+
+@dataclass(frozen=True)
+class SampleSummary:
+    """Summary of one side's per-run values. With n == 1, std and cv are 0.0 (not measurable)."""
+
+    n: int
+    mean: float
+    std: float
+    cv: float
+    median: float
+    min: float
+    max: float
+
+
+def summarize(samples: Sequence[float]) -> SampleSummary:
+    """Summarize per-run values (at least one, each finite and > 0)."""
+    values = _positive_values(samples, "samples")
+    constant = _is_constant(values)
+    mean = float(values[0]) if constant else float(np.mean(values))
+    std = 0.0 if constant else float(np.std(values, ddof=1))
+    return SampleSummary(
+        n=int(values.size),
+        mean=mean,
+        std=std,
+        cv=std / mean,
+        median=float(np.median(values)),
+        min=float(values.min()),
+        max=float(values.max()),
+    )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Current against baseline on the higher-is-better scale, and the verdict against a margin."""
+
+    method: str
+    higher_is_better: bool
+    margin: float
+    alpha: float
+    current: SampleSummary
+    baseline: SampleSummary
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_pass: float
+    p_fail: float
+    mde: float | None
+    verdict: Verdict
+    warnings: tuple[str, ...]
+
+    @property
+    def threshold(self) -> float:
+        """The ratio the claim is about: 1 + margin."""
+        return 1.0 + self.margin
+
+    def describe(self) -> str:
+        """One paragraph with n, means, CVs, ratio, CI, margin, p, MDE, verdict and warnings."""
+        cur, base = self.current, self.baseline
+        scale = (
+            "current/baseline" if self.higher_is_better else "baseline/current (lower is better)"
+        )
+        mde = "undefined" if self.mde is None else f"{self.mde:.1%}"
+        text = (
+            f"n={cur.n} current vs n={base.n} baseline; mean {cur.mean:.4g} vs {base.mean:.4g} "
+            f"(CV {_cv_text(cur)} vs {_cv_text(base)}); ratio {scale} {self.ratio:.4f}, "
+            f"CI [{self.ci_low:.4f}, {self.ci_high:.4f}] (two one-sided {1 - self.alpha:.1%} "
+            f"bounds, {self.method}); margin {self.margin:+.1%} (threshold {self.threshold:.4f}); "
+            f"p(pass)={self.p_pass:.3g}, p(fail)={self.p_fail:.3g}; MDE {mde}; "
+            f"verdict {self.verdict.value.upper()}."
+        )
+        return " ".join([text, *(f"Warning: {warning}." for warning in self.warnings)])
+
+
+def _cv_text(summary: SampleSummary) -> str:
+    return "n/a" if summary.n == 1 else f"{summary.cv:.1%}"
+
+
+@dataclass(frozen=True)
+class _Interval:
+    """A method's answer on the signed log scale (log of the higher-is-better ratio)."""
+
+    method: str
+    estimate: float
+    low: float
+    high: float
+    p_pass: float
+    p_fail: float
+    notes: tuple[str, ...] = ()
+
+
+def compare(
+    current: Sequence[float],
+    baseline: Sequence[float],
+    *,
+    margin: float,
+    higher_is_better: bool = True,
+    alpha: float = 0.05,
+    method: str = "welch-log",
+    seed: int | None = None,
+    n_resamples: int = DEFAULT_RESAMPLES,
+) -> Comparison:
+    """Compare per-run values of the current build with the baseline's against a signed margin.
+
+    ``alpha`` is the one-sided error rate of this one look (see :class:`SequentialPlan` for
+    repeated looks); ``seed`` and ``n_resamples`` only matter for ``method="bootstrap"``.
+    """
+    _check_margin(margin)
+    _check_alpha(alpha)
+    if method not in METHODS:
+        raise StatsInputError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+    cur = _positive_values(current, "current")
+    base = _positive_values(baseline, "baseline")
+    sign = 1.0 if higher_is_better else -1.0
+    log_cur, log_base = sign * np.log(cur), sign * np.log(base)
+    threshold = math.log1p(margin)
+    cur_constant, base_constant = _is_constant(cur), _is_constant(base)
+
+    if cur.size == 1 or base.size == 1:
+        interval = _no_variance_information(log_cur, log_base, method)
+    elif cur_constant and base_constant:
+        interval = _exact(log_cur, log_base, threshold)
+    elif method == "bootstrap" and min(cur.size, base.size) >= BOOTSTRAP_MIN_RUNS:
+        rng_seed = seed if seed is not None else zlib.crc32(np.concatenate([cur, base]).tobytes())
+        interval = _bootstrap(cur, base, sign, threshold, alpha, rng_seed, n_resamples)
+    elif method == "rank" and not (cur_constant or base_constant):
+        interval = _rank(log_cur, log_base, threshold, alpha)
+    else:
+        interval = _welch_log(log_cur, log_base, cur_constant, base_constant, threshold, alpha)
+        if method == "bootstrap":
+            interval = _with_note(interval, _bootstrap_fallback_note(cur.size, base.size))
+        elif method == "rank":
+            interval = _with_note(interval, "rank method needs variation on both sides")
+
+    code = int(_verdict_codes(np.asarray(interval.low), np.asarray(interval.high), threshold))
+    design = _mde_design(log_cur, log_base, cur_constant, base_constant)
+    mde = None if design is None else min_detectable_effect(*design, alpha)
+    warnings = list(interval.notes)
+    if design is not None and mde is not None and mde > abs(margin) + _TIE_TOLERANCE:
+        warnings.append(_mde_warning(mde, margin, alpha, design, cur.size, base.size, cur_constant))
+    return Comparison(
+        method=interval.method,
+        higher_is_better=higher_is_better,
+        margin=margin,
+        alpha=alpha,
+        current=summarize(cur.tolist()),
+        baseline=summarize(base.tolist()),
+        ratio=math.exp(interval.estimate),
+        ci_low=math.exp(interval.low),
+        ci_high=math.exp(interval.high),
+        p_pass=interval.p_pass,
+        p_fail=interval.p_fail,
+        mde=mde,
+        verdict=_CODE_TO_VERDICT[code],
+        warnings=tuple(warnings),
+    )
+
+
+def _no_variance_information(
+    log_cur: NDArray[np.float64], log_base: NDArray[np.float64], method: str
+) -> _Interval:
+    side = "current" if log_cur.size == 1 else "baseline"
+    note = (
+        f"{side} has a single run, so its run-to-run variance is unknown and no confidence "
+        "interval can be formed; take at least 2 runs (5 or more to resolve a few percent)"
+    )
+    estimate = float(np.mean(log_cur) - np.mean(log_base))
+    return _Interval(method, estimate, -math.inf, math.inf, 1.0, 1.0, (note,))
+
+
+def _exact(
+    log_cur: NDArray[np.float64], log_base: NDArray[np.float64], threshold: float
+) -> _Interval:
+    # Both sides constant: the ratio is known without error, so the verdict is a plain comparison.
+    estimate = float(log_cur[0] - log_base[0])
+    passes = estimate >= threshold - _TIE_TOLERANCE
+    return _Interval(
+        "exact", estimate, estimate, estimate, 0.0 if passes else 1.0, 1.0 if passes else 0.0
+    )
+
+
+def _welch_terms(
+    var_cur: NDArray[np.float64], n_cur: int, var_base: NDArray[np.float64], n_base: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Welch's standard error and Satterthwaite df, elementwise; df = inf where se = 0."""
+    q_cur, q_base = var_cur / n_cur, var_base / n_base
+    se = np.sqrt(q_cur + q_base)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = (q_cur + q_base) ** 2 / (q_cur**2 / (n_cur - 1) + q_base**2 / (n_base - 1))
+    return se, np.where(se > 0, df, np.inf)
+
+
+def _verdict_codes(
+    low: NDArray[np.float64], high: NDArray[np.float64], threshold: float
+) -> NDArray[np.int8]:
+    """+1 PASS, -1 FAIL, 0 INCONCLUSIVE; a bound on the threshold (within tolerance) passes."""
+    passes = low >= threshold - _TIE_TOLERANCE
+    fails = high < threshold - _TIE_TOLERANCE
+    return np.where(passes, 1, np.where(fails, -1, 0)).astype(np.int8)
+
+
+def _log_variance(log_values: NDArray[np.float64], constant: bool) -> float:
+    # np.var of identical values can be a few ulps above 0; constant data must give exactly 0.
+    return 0.0 if constant else float(np.var(log_values, ddof=1))
+
+
+def _welch_log(
+    log_cur: NDArray[np.float64],
+    log_base: NDArray[np.float64],
+    cur_constant: bool,
+    base_constant: bool,
+    threshold: float,
+    alpha: float,
+) -> _Interval:
+    estimate = float(np.mean(log_cur) - np.mean(log_base))
+    se_arr, df_arr = _welch_terms(
+        np.asarray(_log_variance(log_cur, cur_constant)),
+        log_cur.size,
+        np.asarray(_log_variance(log_base, base_constant)),
+        log_base.size,
+    )
+    se, df = float(se_arr), float(df_arr)
+    t_crit = float(stats.t.isf(alpha, df))
+    t_stat = (estimate - threshold) / se
+    notes: tuple[str, ...] = ()
+    if cur_constant or base_constant:
+        flat, other = ("current", "baseline") if cur_constant else ("baseline", "current")
+        notes = (
+            f"{flat} has no run-to-run variation, so the Welch interval reduces to a one-sample "
+            f"t interval on the {other} runs",
+        )
+    return _Interval(
+        "welch-log",
+        estimate,
+        estimate - t_crit * se,
+        estimate + t_crit * se,
+        float(stats.t.sf(t_stat, df)),
+        float(stats.t.cdf(t_stat, df)),
+        notes,
+    )
+
+
+def _log_ratio_of_means(
+    current: NDArray[np.float64], baseline: NDArray[np.float64], axis: int, *, sign: float
+) -> NDArray[np.float64]:
+    ratio = np.log(np.mean(current, axis=axis)) - np.log(np.mean(baseline, axis=axis))
+    return np.asarray(sign * ratio, dtype=np.float64)
+
+
+def _bootstrap(
+    cur: NDArray[np.float64],
+    base: NDArray[np.float64],
+    sign: float,
+    threshold: float,
+    alpha: float,
+    seed: int,
+    n_resamples: int,
+) -> _Interval:
+    log_cur, log_base = np.log(cur), np.log(base)
+    var_cur, var_base = _log_variance(log_cur, False), _log_variance(log_base, False)
+    se, df_arr = _welch_terms(np.asarray(var_cur), cur.size, np.asarray(var_base), base.size)
+    df = float(df_arr)
+    # Expansion: unbiased over plug-in standard error (the bootstrap's spread divides by n).
+    plug_in = math.sqrt(
+        var_cur * (cur.size - 1) / cur.size**2 + var_base * (base.size - 1) / base.size**2
+    )
+    expansion = float(se) / plug_in
+    level = float(stats.norm.sf(expansion * float(stats.t.isf(alpha, df))))
+    statistic = partial(_log_ratio_of_means, sign=sign)
+    result = stats.bootstrap(
+        (cur, base),
+        statistic,
+        n_resamples=n_resamples,
+        vectorized=True,
+        axis=-1,
+        method="percentile",
+        confidence_level=1.0 - 2.0 * level,
+        rng=np.random.default_rng(seed),
+    )
+    boots = np.asarray(result.bootstrap_distribution)
+    below = (np.count_nonzero(boots < threshold - _TIE_TOLERANCE) + 1) / (boots.size + 1)
+    at_or_above = (np.count_nonzero(boots >= threshold - _TIE_TOLERANCE) + 1) / (boots.size + 1)
+
+    def p_value(tail: float) -> float:
+        # The alpha at which the expanded percentile bound would sit exactly on the threshold.
+        return float(stats.t.sf(float(stats.norm.isf(tail)) / expansion, df))
+
+    return _Interval(
+        "bootstrap",
+        float(statistic(cur, base, -1)),
+        float(result.confidence_interval.low),
+        float(result.confidence_interval.high),
+        p_value(below),
+        p_value(at_or_above),
+    )
+
+
+def _bootstrap_fallback_note(n_cur: int, n_base: int) -> str:
+    return (
+        f"bootstrap needs {BOOTSTRAP_MIN_RUNS} runs per side (it under-covers below that), got "
+        f"{n_cur} current and {n_base} baseline; used welch-log"
+    )
+
+
+def _with_note(interval: _Interval, note: str) -> _Interval:
+    return dataclasses.replace(interval, notes=(*interval.notes, note))
+
+
+@lru_cache(maxsize=64)
+def _mann_whitney_cdf(n: int, m: int) -> NDArray[np.float64]:
+    """cdf of U = #{(i, j): x_i > y_j} under H0, for u = 0 .. n*m (read-only: it is cached)."""
+    pairs = n * m
+    if pairs > _EXACT_RANK_MAX_PAIRS:
+        sd = math.sqrt(pairs * (n + m + 1) / 12.0)
+        cdf = np.asarray(stats.norm.cdf((np.arange(pairs + 1) + 0.5 - pairs / 2.0) / sd))
+    else:
+        # pmf(i, j): the largest of the i + j values is an x with probability i / (i + j), and
+        # then it beats all j y's (U shifts by j); otherwise it is a y that beats nothing.
+        previous = [np.ones(1) for _ in range(m + 1)]
+        for i in range(1, n + 1):
+            row = [np.ones(1)]
+            for j in range(1, m + 1):
+                pmf = np.zeros(i * j + 1)
+                pmf[j:] += i / (i + j) * previous[j]
+                pmf[: i * (j - 1) + 1] += j / (i + j) * row[j - 1]
+                row.append(pmf)
+            previous = row
+        cdf = np.cumsum(previous[m])
+    cdf = np.asarray(cdf, dtype=np.float64)
+    cdf.setflags(write=False)
+    return cdf
+
+
+def _rank(
+    log_cur: NDArray[np.float64], log_base: NDArray[np.float64], threshold: float, alpha: float
+) -> _Interval:
+    n, m = log_cur.size, log_base.size
+    diffs = np.sort((log_cur[:, None] - log_base[None, :]).ravel())
+    cdf = _mann_whitney_cdf(n, m)
+    # k = the largest count with P(U <= k - 1) <= alpha; the bounds are the k-th smallest and
+    # k-th largest pairwise differences (1e-12 absorbs rounding in the recursion at exact levels).
+    k = int(np.searchsorted(cdf, alpha + 1e-12, side="right"))
+    notes: tuple[str, ...] = ()
+    if k == 0:
+        low, high = -math.inf, math.inf
+        notes = (
+            f"rank method: with {n} vs {m} runs the smallest attainable one-sided p is "
+            f"{cdf[0]:.3g}, above alpha={alpha:.3g}, so the interval is unbounded; take more "
+            "runs or use welch-log",
+        )
+    else:
+        low, high = float(diffs[k - 1]), float(diffs[n * m - k])
+
+    def tail(count: int) -> float:  # P(U >= count); U is symmetric about n*m/2
+        return 1.0 if count <= 0 else float(1.0 - cdf[count - 1])
+
+    at_or_above = int(np.count_nonzero(diffs >= threshold - _TIE_TOLERANCE))
+    return _Interval(
+        "rank",
+        float(np.median(diffs)),
+        low,
+        high,
+        tail(at_or_above),
+        tail(n * m - at_or_above),
+        notes,
+    )
+
+
+def _mde_design(
+    log_cur: NDArray[np.float64],
+    log_base: NDArray[np.float64],
+    cur_constant: bool,
+    base_constant: bool,
+) -> tuple[int, float, float] | None:
+    """(runs on the varying side, runs on the other side, CV) to plan with; None if unknown."""
+    n, m = log_cur.size, log_base.size
+    if n == 1 or m == 1:
+        return None
+    if cur_constant and base_constant:
+        return n, m, 0.0
+    if cur_constant or base_constant:  # the test is a one-sample t on the varying side
+        varying = log_base if cur_constant else log_cur
+        return varying.size, math.inf, math.sqrt(math.expm1(_log_variance(varying, False)))
+    pooled = ((n - 1) * np.var(log_cur, ddof=1) + (m - 1) * np.var(log_base, ddof=1)) / (n + m - 2)
+    return n, m, math.sqrt(math.expm1(float(pooled)))
+
+
+def _mde_warning(
+    mde: float,
+    margin: float,
+    alpha: float,
+    design: tuple[int, float, float],
+    n_cur: int,
+    n_base: int,
+    cur_constant: bool,
+) -> str:
+    text = (
+        f"MDE {mde:.1%} is larger than the margin {abs(margin):.1%}: this test cannot support its "
+        f"claim at n={n_cur}"
+    )
+    if margin == 0.0:
+        return text + " (a zero margin is only ever resolved when the true ratio differs from 1)"
+    if cur_constant:
+        return text + "; the baseline's own variation limits it: record more baseline runs"
+    _, n_other, cv = design
+    try:
+        needed = required_runs(cv, abs(margin), alpha, n_baseline=n_other)
+    except StatsInputError:
+        return (
+            text + f"; no number of current runs would against {n_base} baseline runs: record more"
+        )
+    return text + f"; about {needed} current runs would (with this baseline of {n_base} runs)"
+
+
+def _scaled_variance_nodes(runs: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Quadrature nodes and weights of s^2 / sigma^2 = chi2(runs - 1) / (runs - 1)."""
+    if math.isinf(runs):  # known exactly: no variance left to estimate
+        return np.zeros(1), np.ones(1)
+    df = runs - 1.0
+    if df > 150:  # Laguerre weights overflow; the distribution is narrow, midpoints suffice
+        levels = (np.arange(_QUADRATURE_NODES) + 0.5) / _QUADRATURE_NODES
+        nodes = np.asarray(stats.chi2.ppf(levels, df) / df, dtype=np.float64)
+        return nodes, np.full(_QUADRATURE_NODES, 1.0 / _QUADRATURE_NODES)
+    # chi2(df) = 2 Y, Y ~ Gamma(df / 2): generalized Gauss-Laguerre, weight y^(df/2 - 1) e^-y
+    nodes, weights = special.roots_genlaguerre(_QUADRATURE_NODES, df / 2.0 - 1.0)
+    return np.asarray(2.0 * nodes / df), np.asarray(weights / weights.sum())
+
+
+@lru_cache(maxsize=4096)
+def _noncentrality_for_power(
+    n_current: float, n_baseline: float, alpha: float, power: float
+) -> float:
+    """Standardised distance (effect / (sigma sqrt(1/n + 1/m))) the Welch test detects.
+
+    Exact for normal log values with equal variances: given the two sample variances the mean
+    difference is normal and independent of them, so the power is the expectation, over both
+    scaled chi-square variances, of Phi(noncentrality - t_crit(Welch df) * se_hat / se).
+    """
+    cur_var, cur_w = _scaled_variance_nodes(n_current)
+    base_var, base_w = _scaled_variance_nodes(n_baseline)
+    inv_base = 0.0 if math.isinf(n_baseline) else 1.0 / n_baseline
+    base_runs = int(n_baseline) if inv_base else 2  # any count: its variance is 0
+    se_hat, df = _welch_terms(cur_var[:, None], int(n_current), base_var[None, :], base_runs)
+    offsets = np.asarray(stats.t.isf(alpha, df)) * se_hat / math.sqrt(1.0 / n_current + inv_base)
+    weights = cur_w[:, None] * base_w[None, :]
+
+    def shortfall(noncentrality: float) -> float:
+        return float(np.sum(weights * stats.norm.cdf(noncentrality - offsets))) - power
+
+    upper = float(offsets.max()) + float(stats.norm.ppf(power)) + 1.0
+    return float(optimize.brentq(shortfall, 0.0, upper, xtol=1e-10))
+
+
+def min_detectable_effect(
+    n_current: int, n_baseline: float, cv: float, alpha: float, power: float = MDE_POWER
+) -> float:
+    """Smallest relative distance from the threshold a one-sided Welch-log test detects.
+
+    ``n_baseline`` may be ``math.inf`` (a baseline known without error); ``cv`` is the per-run
+    coefficient of variation, taken equal on both sides. Returns e.g. 0.041 for 4.1 %.
+    """
+    if n_current < 2 or n_baseline < 2:
+        raise StatsInputError(
+            f"min_detectable_effect needs >= 2 runs per side, got n_current={n_current}, "
+            f"n_baseline={n_baseline}: a single run has no variance to plan from"
+        )
+    if not (math.isfinite(cv) and cv >= 0):
+        raise StatsInputError(f"cv={cv!r} must be a finite fraction >= 0 (0.03 for 3 %)")
+    _check_alpha(alpha)
+    if not alpha < power < 1.0:
+        raise StatsInputError(f"power={power!r} must lie between alpha={alpha} and 1")
+    sigma = math.sqrt(math.log1p(cv * cv))  # sd of log values for a lognormal with this CV
+    se = sigma * math.sqrt(1.0 / n_current + (0.0 if math.isinf(n_baseline) else 1.0 / n_baseline))
+    noncentrality = _noncentrality_for_power(n_current, n_baseline, alpha, power)
+    return math.expm1(noncentrality * se)
+
+
+def required_runs(
+    cv: float,
+    effect: float,
+    alpha: float,
+    power: float = MDE_POWER,
+    n_baseline: float | None = None,
+) -> int:
+    """Fewest current runs whose MDE is at most ``effect`` (both sides that size if no baseline).
+
+    Raises :class:`StatsInputError` when a finite baseline is too small for any number of runs.
+    """
+    if not (math.isfinite(effect) and effect > 0):
+        raise StatsInputError(f"effect={effect!r} must be a fraction > 0 (0.05 for 5 %)")
+    min_detectable_effect(2, 2, cv, alpha, power)  # validates cv, alpha, power
+    if cv == 0.0:
+        return 2
+
+    def mde(n: int) -> float:
+        return min_detectable_effect(n, n if n_baseline is None else n_baseline, cv, alpha, power)
+
+    if n_baseline is not None and not math.isinf(n_baseline):
+        # With unlimited current runs only the baseline is uncertain: a one-sample t on it.
+        limit = min_detectable_effect(int(n_baseline), math.inf, cv, alpha, power)
+        if effect <= limit:
+            raise StatsInputError(
+                f"an effect of {effect:.1%} at CV {cv:.1%} cannot be detected against a baseline "
+                f"of {n_baseline:g} runs with any number of current runs (limit {limit:.1%}); "
+                "record a larger baseline"
+            )
+    high = 2
+    while mde(high) > effect:
+        high *= 2
+    low = high // 2 if high > 2 else 1  # mde(low) > effect, or low is below the minimum of 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if mde(middle) <= effect else (middle, high)
+    return high
+
+
+@dataclass(frozen=True)
+class SequentialPlan:
+    """How many runs, when to look, and the per-look alpha that keeps the overall error <= alpha.
+
+    Looks at ``initial_runs``, ``initial_runs + step``, ... and always at ``max_runs``.
+    ``n_baseline`` is the stored baseline's run count the per-look alphas are calibrated for;
+    ``None`` calibrates for a baseline known exactly. :func:`run_sequential` and
+    :func:`sequential_verdicts` set it from the baseline they are given; a caller that drives the
+    looks itself should use :meth:`for_baseline`.
+    """
+
+    initial_runs: int = 5
+    max_runs: int = 10
+    step: int = 1
+    alpha: float = 0.05
+    spending: str = "obrien-fleming"
+    n_baseline: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.initial_runs <= self.max_runs:
+            raise StatsInputError(
+                f"initial_runs={self.initial_runs}, max_runs={self.max_runs}: need "
+                "2 <= initial_runs <= max_runs (one run has no variance)"
+            )
+        if self.step < 1:
+            raise StatsInputError(f"step={self.step} must be at least 1 run")
+        _check_alpha(self.alpha)
+        if self.spending not in SPENDING_FUNCTIONS:
+            raise StatsInputError(
+                f"spending={self.spending!r}: use one of {', '.join(SPENDING_FUNCTIONS)}"
+            )
+        if self.n_baseline is not None and self.n_baseline < 2:
+            raise StatsInputError(f"n_baseline={self.n_baseline}: a baseline needs >= 2 runs")
+
+    def for_baseline(self, n_baseline: int) -> SequentialPlan:
+        """This plan calibrated for a baseline of ``n_baseline`` runs (itself if fewer than 2)."""
+        return self if n_baseline < 2 else dataclasses.replace(self, n_baseline=n_baseline)
+
+    def looks(self) -> tuple[int, ...]:
+        """Run counts at which the verdict is evaluated."""
+        return (*range(self.initial_runs, self.max_runs, self.step), self.max_runs)
+
+    def look_alphas(self) -> tuple[float, ...]:
+        """The nominal one-sided alpha of every look, in order."""
+        return _nominal_look_alphas(self.looks(), self.alpha, self.spending, self.n_baseline)
+
+    def alpha_at(self, look_index: int) -> float:
+        """The nominal one-sided alpha of look ``look_index`` (0-based)."""
+        alphas = self.look_alphas()
+        if not 0 <= look_index < len(alphas):
+            raise StatsInputError(f"look_index={look_index}: this plan has {len(alphas)} looks")
+        return alphas[look_index]
+
+
+def _spent(fractions: NDArray[np.float64], alpha: float, spending: str) -> NDArray[np.float64]:
+    """Cumulative alpha spent by information fraction (Lan-DeMets)."""
+    if spending == "pocock":
+        return np.asarray(alpha * np.log1p((math.e - 1.0) * fractions), dtype=np.float64)
+    z = float(stats.norm.isf(alpha / 2.0))
+    return np.asarray(2.0 * stats.norm.sf(z / np.sqrt(fractions)), dtype=np.float64)
+
+
+@lru_cache(maxsize=64)
+def _nominal_look_alphas(
+    looks: tuple[int, ...], alpha: float, spending: str, n_baseline: int | None
+) -> tuple[float, ...]:
+    # Simulate the Welch p-values of the actual test at every look, on seeded paths with the
+    # truth exactly at the threshold and equal CVs, and give each look the level that exactly
+    # the spending function's increment of the paths first crosses. Boundaries solved for z
+    # statistics are not enough: re-estimating the variance at every look decorrelates the looks
+    # (overall 0.056 instead of 0.05 at 5..10 runs), and Welch's df is itself slightly liberal at
+    # 5 vs 20-100 runs (0.052-0.053 for one look at 0.05).
+    spent = _spent(np.asarray(looks, dtype=np.float64) / looks[-1], alpha, spending)
+    increments = np.diff(spent, prepend=0.0).tolist()
+    rng = np.random.default_rng(_CALIBRATION_SEED)
+    paths = _CALIBRATION_PATHS
+    if n_baseline is None:
+        base_mean, base_var, base_runs = np.zeros(paths), np.zeros(paths), 2
+    else:  # the baseline's mean and variance are drawn from their exact distributions
+        base_mean = rng.standard_normal(paths) / math.sqrt(n_baseline)
+        base_var, base_runs = rng.chisquare(n_baseline - 1, paths) / (n_baseline - 1), n_baseline
+    total, total_squares = np.zeros(paths), np.zeros(paths)
+    running = np.ones(paths, dtype=bool)
+    drawn = 0
+    nominal: list[float] = []
+    for n_runs, increment in zip(looks, increments, strict=True):
+        new = rng.standard_normal((paths, n_runs - drawn))
+        drawn = n_runs
+        total += new.sum(axis=1)
+        total_squares += (new * new).sum(axis=1)
+        mean = total / n_runs
+        var = (total_squares - n_runs * mean * mean) / (n_runs - 1)
+        se, df = _welch_terms(var, n_runs, base_var, base_runs)
+        p_values = np.asarray(stats.t.sf((mean - base_mean) / se, df))
+        if not nominal and n_baseline is None:  # an exact one-sample t: no simulation needed
+            level = increment
+        else:
+            crossings = max(1, round(increment * paths))
+            level = float(np.partition(p_values[running], crossings - 1)[crossings - 1])
+        running &= p_values > level
+        nominal.append(level)
+    return tuple(nominal)
+
+
+def run_sequential(
+    plan: SequentialPlan,
+    draw: Callable[[int], Sequence[float]],
+    baseline: Sequence[float],
+    *,
+    margin: float,
+    higher_is_better: bool = True,
+    method: str = "welch-log",
+    seed: int | None = None,
+    n_resamples: int = DEFAULT_RESAMPLES,
+) -> tuple[Comparison, int]:
+    """Draw runs look by look until a verdict or ``max_runs``; return it and the runs used.
+
+    ``draw(k)`` must return k new per-run values. The plan is calibrated for ``len(baseline)``.
+    The last comparison may be INCONCLUSIVE; the caller applies its policy (fail, pass with a
+    warning, xfail).
+    """
+    plan = plan.for_baseline(len(baseline))
+    runs: list[float] = []
+    comparison: Comparison | None = None
+    for index, n_runs in enumerate(plan.looks()):
+        wanted = n_runs - len(runs)
+        new = list(draw(wanted))
+        if len(new) != wanted:
+            raise StatsInputError(f"draw({wanted}) returned {len(new)} values instead of {wanted}")
+        runs.extend(new)
+        comparison = compare(
+            runs,
+            baseline,
+            margin=margin,
+            higher_is_better=higher_is_better,
+            alpha=plan.alpha_at(index),
+            method=method,
+            seed=seed,
+            n_resamples=n_resamples,
+        )
+        if comparison.verdict is not Verdict.INCONCLUSIVE:
+            break
+    assert comparison is not None  # a plan always has at least one look
+    return comparison, len(runs)
+
+
+def sequential_verdicts(
+    plan: SequentialPlan,
+    current: ArrayLike,
+    baseline: ArrayLike,
+    *,
+    margin: float,
+    higher_is_better: bool = True,
+) -> tuple[NDArray[np.str_], NDArray[np.int64]]:
+    """Vectorised :func:`run_sequential` with welch-log over many trials, for simulation.
+
+    ``current`` is (trials, >= max_runs) in run order, ``baseline`` is (trials, m >= 2). Returns
+    each trial's verdict value ("pass", "fail", "inconclusive") and the runs it used. The per-look
+    decision is the same code :func:`compare` uses.
+    """
+    _check_margin(margin)
+    cur, base = np.asarray(current, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
+    if cur.ndim != 2 or base.ndim != 2 or cur.shape[0] != base.shape[0]:
+        raise StatsInputError(
+            f"current {cur.shape} and baseline {base.shape} must be (trials, runs) arrays with "
+            "the same number of trials"
+        )
+    if cur.shape[1] < plan.max_runs or base.shape[1] < 2:
+        raise StatsInputError(
+            f"need >= {plan.max_runs} current runs and >= 2 baseline runs per trial, got "
+            f"{cur.shape[1]} and {base.shape[1]}"
+        )
+    for name, values in (("current", cur), ("baseline", base)):
+        if not np.all(np.isfinite(values) & (values > 0)):
+            trial, run = (int(i) for i in np.argwhere(~(np.isfinite(values) & (values > 0)))[0])
+            raise StatsInputError(
+                f"{name} trial {trial + 1}, run {run + 1} has value {float(values[trial, run])!r}:"
+                " per-run values must be finite and > 0"
+            )
+    sign = 1.0 if higher_is_better else -1.0
+    log_cur, log_base = sign * np.log(cur), sign * np.log(base)
+    threshold = math.log1p(margin)
+    plan = plan.for_baseline(base.shape[1])
+    base_mean, base_var = log_base.mean(axis=1), _row_variance(log_base)
+    verdicts = np.full(cur.shape[0], Verdict.INCONCLUSIVE.value, dtype="<U12")
+    runs = np.full(cur.shape[0], plan.max_runs, dtype=np.int64)
+    undecided = np.ones(cur.shape[0], dtype=bool)
+    for look_alpha, n_runs in zip(plan.look_alphas(), plan.looks(), strict=True):
+        head = log_cur[:, :n_runs]
+        se, df = _welch_terms(_row_variance(head), n_runs, base_var, base.shape[1])
+        half_width = np.asarray(stats.t.isf(look_alpha, df)) * se
+        estimate = head.mean(axis=1) - base_mean
+        codes = _verdict_codes(estimate - half_width, estimate + half_width, threshold)
+        decided = undecided & (codes != 0)
+        verdicts[decided & (codes == 1)] = Verdict.PASS.value
+        verdicts[decided & (codes == -1)] = Verdict.FAIL.value
+        runs[decided] = n_runs
+        undecided &= ~decided
+    return verdicts, runs
+
+
+def _row_variance(values: NDArray[np.float64]) -> NDArray[np.float64]:
+    variance = values.var(axis=1, ddof=1)
+    return np.asarray(np.where(np.ptp(values, axis=1) == 0, 0.0, variance), dtype=np.float64)
+
+
+def _positive_values(samples: Sequence[float], side: str) -> NDArray[np.float64]:
+    try:
+        values = np.asarray(samples, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise StatsInputError(f"{side} values {samples!r} are not numbers: {exc}") from None
+    if values.ndim != 1 or values.size == 0:
+        raise StatsInputError(f"{side} must be a non-empty flat sequence of per-run values")
+    for index, value in enumerate(values.tolist()):
+        if not (math.isfinite(value) and value > 0):
+            raise StatsInputError(
+                f"{side} run {index + 1} has value {value!r}: per-run values must be finite and "
+                "> 0 (tok/s, accept length and latencies all are); a 0 usually means a failed "
+                "run was recorded, so check that run's requests"
+            )
+    return values
+
+
+def _is_constant(values: NDArray[np.float64]) -> bool:
+    return bool(np.all(values == values[0]))
+
+
+def _check_margin(margin: float) -> None:
+    if not (math.isfinite(margin) and margin > -1.0):
+        raise StatsInputError(
+            f"margin={margin!r} must be a finite fraction above -1 (-0.03 for 'at most 3 % worse')"
+        )
+
+
+def _check_alpha(alpha: float) -> None:
+    if not (0.0 < alpha < 0.5):
+        raise StatsInputError(f"alpha={alpha!r} must lie strictly between 0 and 0.5")
