@@ -1,0 +1,73 @@
+"""The launcher protocol and the small network helpers every launcher needs."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+# What a launcher records in the pool's state file so that a later pytest session (or another
+# xdist worker) can find, check and stop the same server: {"kind": "subprocess", "pid": ...} or
+# {"kind": "docker", "container_id": ...}. JSON-shaped on purpose.
+ServerIdentity = dict[str, Any]
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """Starts one server and owns it until :meth:`stop`.
+
+    ``start`` returns as soon as the process or container exists; waiting for readiness is the
+    job of :mod:`pytest_specdecode.readiness`, which polls :meth:`exit_code` to notice a crash.
+    """
+
+    kind: str
+    log_path: Path
+
+    @property
+    def base_url(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def exit_code(self) -> int | None:
+        """The exit code once the server has exited, ``None`` while it runs."""
+        ...
+
+    def stop(self, grace: float = 30.0) -> None:
+        """Stop the server and everything it started; idempotent; waits until the port is free."""
+        ...
+
+    def identity(self) -> ServerIdentity: ...
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now.
+
+    There is a window between closing this socket and the server binding the port, but unlike
+    deriving ports from GPU indices (SGLang's test utils) it never collides with a port in use;
+    a lost race shows up as the server's own "address already in use" exit, reported with its log.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host if host not in ("0.0.0.0", "") else "127.0.0.1", port)) == 0
+
+
+def wait_port_free(host: str, port: int, timeout: float = 30.0) -> bool:
+    """Wait until nothing accepts connections on ``host:port``; ``False`` on timeout.
+
+    A server's orphaned children can hold the port after the parent died (sglang-api.md §7.2-3),
+    so a launcher only reports a server stopped once its port is free.
+    """
+    deadline = time.monotonic() + timeout
+    while port_in_use(host, port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True

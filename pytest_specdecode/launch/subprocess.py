@@ -1,0 +1,187 @@
+"""Local servers: ``python -m sglang.launch_server`` (launcher ``sglang``) and the simulated
+server ``python -m pytest_specdecode.sim`` (launcher ``sim``) go through the same code path.
+
+The server starts in a new session, so it leads its own process group: SGLang forks a scheduler
+per TP rank and a detokenizer, and killing only the parent orphans them with the GPU memory and
+the port still held (sglang-api.md §7.2). Stop = SIGTERM to the group, SIGKILL after a grace
+period, then wait until the port is free. Output goes straight to a file, not a pipe, so a server
+kept alive after pytest exits never blocks on a full pipe or dies of SIGPIPE.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from pytest_specdecode.launch.base import ServerIdentity, wait_port_free
+
+
+class SubprocessLauncher:
+    """One local server process (and its process group)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        host: str,
+        port: int,
+        log_path: Path,
+        kind: str = "subprocess",
+        cwd: Path | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.host = host
+        self.port = port
+        self.log_path = log_path
+        self.kind = kind
+        self.cwd = cwd
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stopped = False
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> None:
+        if self._proc is not None:
+            raise RuntimeError(f"{self.argv[:3]} was already started (pid {self._proc.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def exit_code(self) -> int | None:
+        if self._proc is None:
+            return None
+        code = self._proc.poll()
+        return code
+
+    def stop(self, grace: float = 30.0) -> None:
+        if self._proc is None or self._stopped:
+            return
+        self._stopped = True
+        stop_process_group(self._proc.pid, grace=grace, wait=self._proc.wait)
+        wait_port_free(self.host, self.port, timeout=30.0)
+
+    def identity(self) -> ServerIdentity:
+        return {
+            "kind": self.kind,
+            "pid": self.pid,
+            "host": self.host,
+            "port": self.port,
+            "argv0": " ".join(self.argv[:3]),
+        }
+
+
+def stop_process_group(
+    pgid: int,
+    *,
+    grace: float,
+    wait: Callable[..., object] | None = None,
+) -> None:
+    """SIGTERM the process group ``pgid``; SIGKILL whatever is left after ``grace`` seconds.
+
+    ``wait`` is ``Popen.wait`` when we are the parent, so the leader is reaped instead of left a
+    zombie; for a server started by an earlier pytest session we can only poll.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if wait is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                wait(timeout=0.1)
+        else:
+            time.sleep(0.1)
+        if not group_alive(pgid):
+            break
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    if wait is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            wait(timeout=5.0)
+    deadline = time.monotonic() + 5.0
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is left in the process group."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if not _HAVE_PROC:
+        return True  # without /proc (macOS) trust killpg; our own leader is reaped by wait()
+    # killpg(0) also succeeds for zombies; look for a live member before saying yes.
+    return any(_state(pid) not in ("Z", "X", None) for pid in _group_members(pgid))
+
+
+_HAVE_PROC = os.path.isdir("/proc/self")
+
+
+def process_alive(pid: int) -> bool:
+    if not _HAVE_PROC:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return _state(pid) not in ("Z", "X", None)
+
+
+def process_cmdline(pid: int) -> str | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def _state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself contain spaces or parentheses.
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members

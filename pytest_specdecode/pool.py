@@ -1,0 +1,586 @@
+"""Which servers run: start or reuse one per profile, one server per GPU set, clean teardown.
+
+* **Reuse.** A server recorded in the state file whose fingerprint digest matches, that is alive
+  and answers its health probe, is reused, from this session, an xdist sibling, or a session
+  that ran with ``--specdecode-keep-server``. A server whose digest differs is never reused.
+* **One server per GPU set.** Before launching, every recorded server on overlapping GPUs is
+  stopped, but only once nobody is using it (no live lease) and it is not loading; until then
+  the caller waits. That is also what keeps an xdist worker from measuring while another
+  worker loads the same GPUs.
+* **Teardown.** Without xdist the pool knows how many collected tests still need each profile
+  (``set_demand``) and stops a server after its last test. Under xdist a worker cannot know what
+  its siblings will need, so it stops nothing itself; servers are stopped when another profile
+  needs their GPUs, and at the end by the controller (:func:`finish_run`).
+* **Keep-alive.** With ``keep_alive`` the last server is left running and recorded without an
+  owner; the next session reuses it if the fingerprint still matches, or stops it if it needs
+  the GPUs for something else. A server whose owning process died (pytest was killed) is
+  treated the same way, so it is adopted or stopped, never leaked.
+* **Failures stick.** A server that failed to start or crashed fails every later test of the
+  same run that needs it at once, with the same message, instead of burning another load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+from filelock import FileLock
+
+from pytest_specdecode.errors import ConfigError, ServerError, ServerStartError
+from pytest_specdecode.launch.base import Launcher, ServerIdentity, find_free_port, wait_port_free
+from pytest_specdecode.launch.subprocess import (
+    SubprocessLauncher,
+    process_alive,
+    process_cmdline,
+    stop_process_group,
+)
+from pytest_specdecode.readiness import LogTail, Progress, wait_until_ready
+from pytest_specdecode.state import Entry, Owner, StateFile, lease_key
+
+if TYPE_CHECKING:
+    from pytest_specdecode.profiles import ServerProfile
+
+EventSink = Callable[[str], None]
+
+
+@dataclass
+class ServerHandle:
+    """A server a test may measure: where it is and how to tell whether it is still alive."""
+
+    profile: ServerProfile
+    base_url: str
+    origin: str  # "launched" | "reused" | "attached"
+    api_key: str | None = None
+    log_path: Path | None = None
+    ready_seconds: float | None = None
+    launcher: Launcher | None = None
+    identity: ServerIdentity = field(default_factory=dict)
+
+    def exit_code(self) -> int | None:
+        """The exit code if the server is gone (-1 when unknowable), ``None`` while it runs."""
+        if self.launcher is not None:
+            return self.launcher.exit_code()
+        if self.identity:
+            return None if identity_alive(self.identity) else -1
+        return None  # attached: we cannot see the process
+
+    def log_tail(self, n: int = 50) -> list[str]:
+        if self.log_path is None or not self.log_path.exists():
+            return []
+        return LogTail(self.log_path).tail(n)
+
+
+class ServerPool:
+    """Starts, reuses and stops servers for one pytest process (controller or xdist worker)."""
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        log_dir: Path,
+        run_id: str,
+        worker: str = "main",
+        keep_alive: bool = False,
+        env: Mapping[str, str] | None = None,
+        on_event: EventSink | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+        warmup: Callable[[ServerHandle], None] | None = None,
+        stop_grace: float = 30.0,
+        poll_interval: float = 0.5,
+    ) -> None:
+        self.state = StateFile(state_dir)
+        self.log_dir = log_dir
+        self.run_id = run_id
+        self.worker = worker
+        self.keep_alive = keep_alive
+        self.env = dict(os.environ if env is None else env)
+        self._emit = on_event or (lambda message: None)
+        self._on_progress = on_progress
+        self._warmup = warmup
+        self.stop_grace = stop_grace
+        self.poll_interval = poll_interval
+        self._lease = lease_key(run_id, worker)
+        self._handles: dict[str, ServerHandle] = {}
+        self._demand: Counter[str] | None = None
+        self._failures: dict[str, ServerError] = {}
+        self._gpu_locks: dict[str, FileLock] = {}
+        self.launches: Counter[str] = Counter()
+        self.reuses: Counter[str] = Counter()
+        self.stops: Counter[str] = Counter()
+
+    # -- demand --------------------------------------------------------------------------
+
+    def set_demand(self, demand: Mapping[str, int] | None) -> None:
+        """How many collected tests need each profile; ``None`` (xdist) = never stop early."""
+        self._demand = None if demand is None else Counter(demand)
+
+    # -- acquire / release ---------------------------------------------------------------
+
+    def acquire(self, profile: ServerProfile) -> ServerHandle:
+        """A ready server for ``profile``, reused or launched; the caller holds a lease on it."""
+        if profile.name in self._failures:
+            raise self._failures[profile.name]
+        try:
+            handle = self._acquire(profile)
+        except ServerError as exc:
+            self._failures[profile.name] = exc
+            raise
+        return handle
+
+    def mark_failed(self, profile: ServerProfile, error: ServerError) -> None:
+        """The server crashed while measured: later tests of this run fail fast with ``error``."""
+        self._failures[profile.name] = error
+        digest = profile.fingerprint().digest
+        with self.state.edit() as entries:
+            entry = entries.get(digest)
+            if entry is not None:
+                entry.status = "failed"
+                entry.error = str(error).splitlines()[0]
+                entry.owner = Owner(self.run_id, os.getpid())
+        handle = self._handles.pop(profile.name, None)
+        if handle is not None and handle.launcher is not None:
+            handle.launcher.stop(grace=5.0)  # reap it and whatever it left in its group
+
+    def release(self, profile: ServerProfile) -> None:
+        """The test using ``profile``'s server is done with it."""
+        digest = profile.fingerprint().digest
+        with self.state.edit() as entries:
+            entry = entries.get(digest)
+            if entry and entry.leases.get(self._lease, 0) > 0:
+                entry.leases[self._lease] -= 1
+                if entry.leases[self._lease] == 0:
+                    del entry.leases[self._lease]
+                entry.last_used_unix = time.time()
+        if self._demand is None:
+            return
+        self._demand[profile.name] -= 1
+        if self._demand[profile.name] > 0:
+            return
+        others_pending = any(n > 0 for name, n in self._demand.items() if name != profile.name)
+        if self.keep_alive and not others_pending:
+            return  # the last server of the session: close() leaves it running
+        self._stop_profile(profile, reason="its last test has finished")
+
+    def _acquire(self, profile: ServerProfile) -> ServerHandle:
+        digest = profile.fingerprint().digest
+        waiting_since: float | None = None
+        while True:
+            plan = self._plan(profile, digest)
+            kind = plan[0]
+            if kind == "use":
+                handle: ServerHandle = plan[1]
+                return handle
+            if kind == "launch":
+                return self._launch(profile, digest, plan[1], plan[2])
+            # Someone else is loading this server or still using the GPUs: wait and look again.
+            now = time.monotonic()
+            if waiting_since is None:
+                waiting_since = now
+                self._emit(f"{profile.name}: waiting: {plan[1]}")
+            if now - waiting_since > profile.startup_timeout + 600:
+                raise ServerStartError(
+                    f"{profile.name}: gave up after {now - waiting_since:.0f}s waiting: {plan[1]}"
+                )
+            time.sleep(self.poll_interval)
+
+    def _plan(self, profile: ServerProfile, digest: str) -> tuple:  # type: ignore[type-arg]
+        """Decide under the state lock; act (stop, launch, probe) outside it."""
+        cached = self._handles.get(profile.name)
+        to_stop: list[Entry] = []
+        with self.state.edit() as entries:
+            self._prune(entries)
+            entry = entries.get(digest)
+            if entry is not None and entry.status == "failed":
+                if entry.owner and entry.owner.run == self.run_id:
+                    raise ServerStartError(
+                        f"{profile.name}: the server failed earlier in this run: {entry.error}"
+                    )
+                del entries[digest]
+                entry = None
+            if entry is not None and entry.status == "loading":
+                who = f"pid {entry.owner.pid}" if entry.owner else "another session"
+                return ("wait", f"{profile.name} is being loaded by {who}")
+            if entry is not None:
+                entry.leases[self._lease] = entry.leases.get(self._lease, 0) + 1
+                entry.last_used_unix = time.time()
+                if entry.owner is None or not entry.owner.alive():
+                    entry.owner = Owner(self.run_id, os.getpid())
+                if cached is not None and cached.exit_code() is None:
+                    return ("use", cached)
+                found = entry
+            else:
+                found = None
+                conflicts = [
+                    e
+                    for e in entries.values()
+                    if e.digest != digest and _overlap(e.gpus, profile.gpus)
+                ]
+                for other in conflicts:
+                    if other.status == "loading" or other.live_leases():
+                        return ("wait", f"GPUs {other.gpus} are in use by {other.profile}")
+                    if other.owner and other.owner.run != self.run_id and other.owner.alive():
+                        return (
+                            "wait",
+                            f"GPUs {other.gpus} belong to another run's {other.profile}",
+                        )
+                for other in conflicts:
+                    del entries[other.digest]
+                    to_stop.append(other)
+                port = profile.port or find_free_port(_bind_host(profile.host))
+                url = f"http://{_connect_host(profile.host)}:{port}"
+                entries[digest] = Entry(
+                    digest=digest,
+                    profile=profile.name,
+                    url=url,
+                    identity={},
+                    gpus=list(profile.gpus),
+                    status="loading",
+                    owner=Owner(self.run_id, os.getpid()),
+                )
+        if found is not None:
+            handle = self._adopt(profile, found)
+            if handle is not None:
+                return ("use", handle)
+            return ("retry", f"{profile.name}: the recorded server did not answer; relaunching")
+        for other in to_stop:
+            self._stop_entry(other, reason=f"{profile.name} needs GPUs {list(profile.gpus)}")
+        return ("launch", port, url)
+
+    def _adopt(self, profile: ServerProfile, entry: Entry) -> ServerHandle | None:
+        """Reuse a recorded ready server if it still answers; otherwise forget and stop it."""
+        if _healthy(entry.url, _api_key(profile, self.env)):
+            handle = ServerHandle(
+                profile=profile,
+                base_url=entry.url,
+                origin="reused",
+                api_key=_api_key(profile, self.env),
+                log_path=Path(entry.log_path) if entry.log_path else None,
+                identity=entry.identity,
+            )
+            cached = self._handles.get(profile.name)
+            if cached is not None and cached.base_url == entry.url and cached.launcher:
+                handle = cached  # our own server, still running: keep its launcher
+            else:
+                self.reuses[profile.name] += 1
+                self._emit(f"{profile.name}: reusing the running server at {entry.url}")
+            self._handles[profile.name] = handle
+            return handle
+        with self.state.edit() as entries:
+            entries.pop(entry.digest, None)
+        self._stop_entry(entry, reason="it no longer answers its health probe")
+        return None
+
+    def _launch(self, profile: ServerProfile, digest: str, port: int, url: str) -> ServerHandle:
+        api_key = _api_key(profile, self.env)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        log_path = self.log_dir / f"{profile.name}-{stamp}-{os.getpid()}.log"
+        launcher = make_launcher(
+            profile, port=port, log_path=log_path, env=self.env, api_key=api_key
+        )
+        self.launches[profile.name] += 1
+        self._emit(f"{profile.name}: starting ({profile.launcher}) on {url}; log: {log_path}")
+        try:
+            with self.gpu_lock(profile, digest):
+                launcher.start()
+                with self.state.edit() as entries:
+                    if digest in entries:
+                        entries[digest].identity = launcher.identity()
+                        entries[digest].log_path = str(log_path)
+                ready = wait_until_ready(
+                    launcher.base_url,
+                    name=f"server {profile.name!r}",
+                    timeout=profile.startup_timeout,
+                    exit_code=launcher.exit_code,
+                    log=LogTail(log_path),
+                    api_key=api_key,
+                    on_progress=self._on_progress,
+                )
+        except BaseException as exc:
+            # Ctrl-C, a timeout or a crash: never leave the process or container behind.
+            launcher.stop(grace=5.0)
+            with self.state.edit() as entries:
+                if isinstance(exc, ServerError):
+                    entries[digest].status = "failed"
+                    entries[digest].error = str(exc).splitlines()[0]
+                    entries[digest].identity = {}
+                else:
+                    entries.pop(digest, None)
+            raise
+        handle = ServerHandle(
+            profile=profile,
+            base_url=launcher.base_url,
+            origin="launched",
+            api_key=api_key,
+            log_path=log_path,
+            ready_seconds=ready,
+            launcher=launcher,
+            identity=launcher.identity(),
+        )
+        self._emit(f"{profile.name}: ready after {ready:.1f}s")
+        if self._warmup is not None:
+            self._warmup(handle)
+        with self.state.edit() as entries:
+            entry = entries[digest]
+            entry.status = "ready"
+            entry.url = handle.base_url
+            entry.leases[self._lease] = entry.leases.get(self._lease, 0) + 1
+        self._handles[profile.name] = handle
+        return handle
+
+    # -- measurement lock ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def gpu_lock(self, profile: ServerProfile, digest: str | None = None) -> Iterator[None]:
+        """Exclusive use of the profile's GPUs (or of the server, when it has none).
+
+        Held while a server loads and while it is measured, so no two xdist workers measure on
+        the same GPUs at once and nobody measures while the same GPUs are loading.
+        """
+        names = [f"gpu-{g}" for g in sorted(profile.gpus)] or [
+            f"server-{digest or profile.fingerprint().digest}"
+        ]
+        with contextlib.ExitStack() as stack:
+            for name in names:  # sorted: every process takes them in the same order
+                lock = self._gpu_locks.get(name)
+                if lock is None:
+                    self.state.directory.mkdir(parents=True, exist_ok=True)
+                    lock = FileLock(str(self.state.directory / f"{name}.lock"))
+                    self._gpu_locks[name] = lock
+                stack.enter_context(lock)
+            yield
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def _stop_profile(self, profile: ServerProfile, *, reason: str) -> None:
+        digest = profile.fingerprint().digest
+        with self.state.edit() as entries:
+            entry = entries.get(digest)
+            if entry is not None:
+                foreign = [k for k in entry.live_leases() if k != self._lease]
+                if foreign:
+                    # Another session is measuring it right now: hand it over instead.
+                    run, _, pid = foreign[0].split(":")
+                    entry.owner = Owner(run, int(pid))
+                    self._handles.pop(profile.name, None)
+                    return
+                del entries[digest]
+        handle = self._handles.pop(profile.name, None)
+        if handle is not None and handle.launcher is not None:
+            if handle.launcher.exit_code() is None:
+                self._emit(f"{profile.name}: stopping ({reason})")
+                self.stops[profile.name] += 1
+            handle.launcher.stop(grace=self.stop_grace)
+        elif entry is not None:
+            self._stop_entry(entry, reason=reason)
+
+    def _stop_entry(self, entry: Entry, *, reason: str) -> None:
+        handle = self._handles.get(entry.profile)
+        if handle is not None and handle.launcher is not None and handle.base_url == entry.url:
+            self._handles.pop(entry.profile)
+            self._emit(f"{entry.profile}: stopping ({reason})")
+            handle.launcher.stop(grace=self.stop_grace)
+        elif entry.identity:
+            self._emit(f"{entry.profile}: stopping the recorded server at {entry.url} ({reason})")
+            stop_identity(entry.identity, grace=self.stop_grace)
+        else:
+            return
+        self.stops[entry.profile] += 1
+
+    def _prune(self, entries: dict[str, Entry]) -> None:
+        """Forget dead servers and leases; adopt orphans (their owner died) as kept servers."""
+        for digest, entry in list(entries.items()):
+            entry.leases = entry.live_leases()
+            owner_alive = entry.owner is not None and entry.owner.alive()
+            if entry.status == "loading" and not owner_alive:
+                if entry.identity:
+                    stop_identity(entry.identity, grace=5.0)
+                del entries[digest]
+            elif entry.status == "failed" and not owner_alive:
+                del entries[digest]
+            elif entry.status == "ready":
+                if not entry.identity or not identity_alive(entry.identity):
+                    del entries[digest]
+                elif not owner_alive:
+                    entry.owner = None
+
+    def close(self) -> None:
+        """End of this process's session: stop what it owns, or keep the last one alive."""
+        with self.state.edit() as entries:
+            for entry in entries.values():
+                entry.leases.pop(self._lease, None)
+        if self._demand is None:
+            self._handles.clear()  # xdist worker: the controller decides (finish_run)
+            return
+        keep = self._last_running() if self.keep_alive else None
+        for name, handle in list(self._handles.items()):
+            if handle.origin == "attached":
+                continue
+            digest = handle.profile.fingerprint().digest
+            if name == keep:
+                with self.state.edit() as entries:
+                    if digest in entries:
+                        entries[digest].owner = None
+                self._emit(f"{name}: left running for the next session at {handle.base_url}")
+                continue
+            self._stop_profile(handle.profile, reason="end of the test session")
+        self._handles.clear()
+
+    def _last_running(self) -> str | None:
+        alive = [
+            (name, h)
+            for name, h in self._handles.items()
+            if h.origin != "attached" and h.exit_code() is None
+        ]
+        return alive[-1][0] if alive else None
+
+
+def finish_run(
+    state_dir: Path,
+    run_id: str,
+    *,
+    keep_alive: bool,
+    on_event: EventSink | None = None,
+    grace: float = 30.0,
+) -> list[str]:
+    """The xdist controller's teardown: stop the servers its workers started (all but the most
+    recently used one with ``keep_alive``). Returns the profiles stopped."""
+    emit = on_event or (lambda message: None)
+    state = StateFile(state_dir)
+    with state.edit() as entries:
+        owned = sorted(
+            (e for e in entries.values() if e.owner and e.owner.run == run_id),
+            key=lambda e: e.last_used_unix,
+        )
+        keep = owned.pop() if keep_alive and owned and owned[-1].status == "ready" else None
+        if keep is not None:
+            keep.owner = None
+            emit(f"{keep.profile}: left running for the next session at {keep.url}")
+        for entry in owned:
+            del entries[entry.digest]
+    stopped = []
+    for entry in owned:
+        if entry.identity:
+            emit(f"{entry.profile}: stopping (end of the test session)")
+            stop_identity(entry.identity, grace=grace)
+            stopped.append(entry.profile)
+    return stopped
+
+
+# -- launchers and recorded identities ---------------------------------------------------
+
+
+def make_launcher(
+    profile: ServerProfile,
+    *,
+    port: int,
+    log_path: Path,
+    env: Mapping[str, str],
+    api_key: str | None,
+) -> Launcher:
+    key_args = ["--api-key", api_key] if api_key else []
+    if profile.launcher == "docker":
+        from pytest_specdecode.launch.docker import DockerLauncher
+
+        if profile.docker is None:
+            raise ConfigError(f"profile {profile.name!r} uses launcher docker but has no image")
+        host_net = profile.docker.network == "host"
+        return DockerLauncher(
+            image=profile.docker.image,
+            command=profile.launch_argv(host="127.0.0.1" if host_net else "0.0.0.0", port=port)
+            + key_args,
+            env=profile.launch_env({}),
+            host=profile.host,
+            port=port,
+            log_path=log_path,
+            gpus=list(profile.gpus),
+            shm_size=profile.docker.shm_size,
+            volumes=profile.docker.volumes,
+            network=profile.docker.network,
+            labels={
+                "pytest-specdecode.profile": profile.name,
+                "pytest-specdecode.fingerprint": profile.fingerprint().digest,
+            },
+            name=f"specdecode-{profile.name}-{port}",
+        )
+    return SubprocessLauncher(
+        profile.launch_argv(host=profile.host, port=port) + key_args,
+        env=profile.launch_env(env),
+        host=profile.host,
+        port=port,
+        log_path=log_path,
+        kind=profile.launcher,
+    )
+
+
+def identity_alive(identity: ServerIdentity) -> bool:
+    if identity.get("kind") == "docker":
+        from pytest_specdecode.launch.docker import docker_server_alive
+
+        return docker_server_alive(identity)
+    pid = identity.get("pid")
+    if not isinstance(pid, int) or not process_alive(pid):
+        return False
+    # A recycled pid must not be mistaken for our server: check what it runs.
+    cmdline = process_cmdline(pid) or ""
+    return str(identity.get("argv0", "")).split(" ")[-1] in cmdline
+
+
+def stop_identity(identity: ServerIdentity, *, grace: float) -> None:
+    if identity.get("kind") == "docker":
+        from pytest_specdecode.launch.docker import stop_docker_server
+
+        stop_docker_server(identity, grace)
+        return
+    pid = identity.get("pid")
+    if isinstance(pid, int) and identity_alive(identity):
+        stop_process_group(pid, grace=grace)
+    host, port = identity.get("host"), identity.get("port")
+    if isinstance(host, str) and isinstance(port, int):
+        wait_port_free(host, port, timeout=30.0)
+
+
+# -- small helpers -----------------------------------------------------------------------
+
+
+def _overlap(a: Sequence[int], b: Sequence[int]) -> bool:
+    return bool(set(a) & set(b))
+
+
+def _bind_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
+def _connect_host(host: str) -> str:
+    return _bind_host(host)
+
+
+def _api_key(profile: ServerProfile, env: Mapping[str, str]) -> str | None:
+    if not profile.api_key_env:
+        return None
+    key = env.get(profile.api_key_env)
+    if not key:
+        raise ConfigError(
+            f"profile {profile.name!r} sets api_key_env = {profile.api_key_env!r}, but that "
+            "environment variable is not set; export it before running pytest",
+            source=profile.source,
+        )
+    return key
+
+
+def _healthy(url: str, api_key: str | None, timeout: float = 10.0) -> bool:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with httpx.Client(timeout=timeout, headers=headers, trust_env=False) as http:
+            response = http.get(f"{url}/health_generate")
+            if response.status_code == 404:
+                response = http.get(f"{url}/health")
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200

@@ -1,0 +1,166 @@
+"""Waiting until a server is really ready, and failing fast when it never will be.
+
+Ready = the process (or container) is alive AND ``GET /health_generate`` answers 200, which is
+what SGLang's own CI waits for (sglang-api.md §1.2, §6). ``/health`` is used only for servers that
+have no ``/health_generate`` (404). ``/v1/models`` and a bare port check are never used: both
+answer before the warm-up generate has finished. The launcher's exit code is polled on every
+round, so a crash during a 900-second load is reported within about a second, with the tail of
+the log, instead of after the timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from pytest_specdecode.errors import ServerStartError, ServerTimeoutError
+
+# (substring of a log line, the phase it starts), in the order SGLang prints them
+# (sglang-api.md §4 "Startup" and §1.1). The last match wins, so the order only documents.
+SGLANG_PHASES: tuple[tuple[str, str], ...] = (
+    ("Load weight begin", "loading weights"),
+    ("Load weight end", "allocating the KV cache"),
+    ("Capture cuda graph begin", "capturing CUDA graphs"),
+    ("Capture draft cuda graph begin", "capturing draft CUDA graphs"),
+    ("Capture draft cuda graph end", "capturing CUDA graphs"),
+    ("Capture cuda graph end", "starting the HTTP server"),
+    ("Uvicorn running on", "warming up"),
+    ("ready to roll", "ready"),
+    ("Initialization failed", "failed"),
+)
+
+LOG_TAIL_LINES = 50
+
+
+class LogTail:
+    """Follows a growing log file: the current phase and the last lines, read incrementally."""
+
+    def __init__(
+        self,
+        path: Path,
+        phases: Sequence[tuple[str, str]] = SGLANG_PHASES,
+        keep: int = 200,
+    ) -> None:
+        self.path = path
+        self.phases = tuple(phases)
+        self.phase = "starting"
+        self._lines: deque[str] = deque(maxlen=keep)
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> str:
+        """Read what was appended since the last call; return the current phase."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return self.phase
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        *complete, self._partial = data.split(b"\n")
+        for raw in complete:
+            line = raw.decode(errors="replace").rstrip("\r")
+            self._lines.append(line)
+            for needle, phase in self.phases:
+                if needle in line:
+                    self.phase = phase
+        return self.phase
+
+    def tail(self, n: int = LOG_TAIL_LINES) -> list[str]:
+        self.poll()
+        lines = list(self._lines)
+        if self._partial:
+            lines.append(self._partial.decode(errors="replace"))
+        return lines[-n:]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One tick of the wait, for the live progress line."""
+
+    name: str
+    elapsed: float
+    phase: str
+    timeout: float
+
+
+def wait_until_ready(
+    base_url: str,
+    *,
+    name: str,
+    timeout: float,
+    exit_code: Callable[[], int | None] | None = None,
+    log: LogTail | None = None,
+    api_key: str | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    poll_interval: float = 0.5,
+    probe_timeout: float = 5.0,
+    transport: httpx.BaseTransport | None = None,
+) -> float:
+    """Block until the server answers its health probe with 200; return the seconds waited.
+
+    Raises :class:`ServerStartError` when ``exit_code()`` reports an exit (or the server rejects
+    the API key), :class:`ServerTimeoutError` after ``timeout`` seconds. Both carry the last
+    :data:`LOG_TAIL_LINES` log lines and the log's path.
+    """
+    start = time.monotonic()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    paths = ["/health_generate", "/health"]
+    log_path = str(log.path) if log else None
+
+    def tail() -> list[str]:
+        return log.tail() if log else []
+
+    with httpx.Client(
+        base_url=base_url,
+        headers=headers,
+        timeout=httpx.Timeout(probe_timeout, connect=min(probe_timeout, 2.0)),
+        transport=transport,
+        trust_env=False,  # a proxy must never sit between us and localhost (§7.4)
+    ) as http:
+        while True:
+            elapsed = time.monotonic() - start
+            phase = log.poll() if log else "waiting"
+            code = exit_code() if exit_code else None
+            if code is not None:
+                raise ServerStartError(
+                    f"{name} exited with code {code} after {elapsed:.1f}s while {phase}",
+                    log_path=log_path,
+                    log_tail=tail(),
+                    exit_code=code,
+                )
+            if on_progress:
+                on_progress(Progress(name=name, elapsed=elapsed, phase=phase, timeout=timeout))
+            try:
+                response = http.get(paths[0])
+            except httpx.TransportError:
+                pass  # the port opens only after weights and CUDA graphs are loaded
+            else:
+                if response.status_code == 200:
+                    return time.monotonic() - start
+                if response.status_code == 404 and len(paths) > 1:
+                    paths.pop(0)  # an older or non-SGLang server without /health_generate
+                    continue
+                if response.status_code in (401, 403):
+                    raise ServerStartError(
+                        f"{name} at {base_url} refused the health probe with "
+                        f"{response.status_code}: it requires an API key; set the profile's "
+                        "api_key_env to the name of an environment variable that holds it",
+                        log_path=log_path,
+                        log_tail=tail(),
+                    )
+            if elapsed >= timeout:
+                raise ServerTimeoutError(
+                    f"{name} was not ready after {elapsed:.0f}s (startup_timeout {timeout:g}s); "
+                    f"last phase: {phase}. Raise the profile's startup_timeout if loading is "
+                    "just slow",
+                    log_path=log_path,
+                    log_tail=tail(),
+                )
+            time.sleep(poll_interval)
