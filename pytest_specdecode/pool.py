@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 EventSink = Callable[[str], None]
 
+# Secrets a server may need (gated model downloads) that a container does not inherit. They are
+# passed through from pytest's environment and never recorded in a profile or fingerprint.
+FORWARDED_SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
 
 @dataclass
 class ServerHandle:
@@ -486,16 +490,19 @@ def make_launcher(
 ) -> Launcher:
     key_args = ["--api-key", api_key] if api_key else []
     if profile.launcher == "docker":
-        from pytest_specdecode.launch.docker import DockerLauncher
+        from pytest_specdecode.launch.docker import DockerLauncher, container_bind_host
 
         if profile.docker is None:
             raise ConfigError(f"profile {profile.name!r} uses launcher docker but has no image")
-        host_net = profile.docker.network == "host"
+        container_env = profile.launch_env({})
+        for name in FORWARDED_SECRETS:  # never in a profile or fingerprint, but models need them
+            if env.get(name):
+                container_env[name] = env[name]
+        bind = container_bind_host(profile.docker.network)
         return DockerLauncher(
             image=profile.docker.image,
-            command=profile.launch_argv(host="127.0.0.1" if host_net else "0.0.0.0", port=port)
-            + key_args,
-            env=profile.launch_env({}),
+            command=profile.launch_argv(host=bind, port=port) + key_args,
+            env=container_env,
             host=profile.host,
             port=port,
             log_path=log_path,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,6 +39,29 @@ class Launcher(Protocol):
         ...
 
     def identity(self) -> ServerIdentity: ...
+
+
+# Flags whose value is a secret: shown as *** wherever a command line is logged.
+SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key", "--hf-token"})
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """The command line as it may be shown: values of secret flags replaced by ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        flag, eq, _ = arg.partition("=")
+        if hide_next:
+            out.append("***")
+            hide_next = False
+        elif arg in SECRET_FLAGS:
+            out.append(arg)
+            hide_next = True
+        elif eq and flag in SECRET_FLAGS:
+            out.append(f"{flag}=***")
+        else:
+            out.append(arg)
+    return out
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:

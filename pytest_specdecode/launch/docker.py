@@ -44,7 +44,7 @@ import requests.exceptions
 from docker.models.containers import Container
 
 from pytest_specdecode.errors import ServerStartError
-from pytest_specdecode.launch.base import ServerIdentity, wait_port_free
+from pytest_specdecode.launch.base import ServerIdentity, redact_argv, wait_port_free
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,6 @@ SIM_IMAGE = "pytest-specdecode-sim:local"
 
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", "::", ""})
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|AUTH", re.IGNORECASE)
-_SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key", "--hf-token"})
 # Consecutive failed engine calls exit_code() tolerates before it reports the server gone.
 _ENGINE_FAILURES_TOLERATED = 3
 # Errors that mean "the engine did not answer" rather than "the engine said no".
@@ -589,23 +588,6 @@ def container_name(name: str | None, port: int) -> str:
 
 def redact_env(name: str, value: str) -> str:
     return "***" if _SECRET_NAME.search(name) else value
-
-
-def redact_argv(argv: Sequence[str]) -> list[str]:
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-        elif arg in _SECRET_FLAGS:
-            out.append(arg)
-            hide_next = True
-        elif "=" in arg and arg.split("=", 1)[0] in _SECRET_FLAGS:
-            out.append(arg.split("=", 1)[0] + "=***")
-        else:
-            out.append(arg)
-    return out
 
 
 def _docker_host_of(client: docker.DockerClient | None) -> str | None:

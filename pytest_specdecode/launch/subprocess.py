@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from pytest_specdecode.launch.base import ServerIdentity, wait_port_free
+from pytest_specdecode.launch.base import ServerIdentity, redact_argv, wait_port_free
 
 
 class SubprocessLauncher:
@@ -59,7 +59,7 @@ class SubprocessLauncher:
             raise RuntimeError(f"{self.argv[:3]} was already started (pid {self._proc.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
-            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.write(f"$ {' '.join(redact_argv(self.argv))}\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
                 self.argv,
