@@ -1,0 +1,582 @@
+"""One pytest session's worth of work, in plain Python: which profiles, which servers, how a
+test is measured and judged, what is recorded.
+
+The plugin (pytest wiring) creates one :class:`SpecdecodeSession` per process and calls it; this
+module never imports pytest. The data path of :meth:`SpecdecodeSession.measure` reads straight:
+server → client → metrics → stats against baselines → verdict → :class:`TestResult`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pytest_specdecode.baselines import (
+    BaselineRecord,
+    BaselineStore,
+    BaselineUpdate,
+    GpuInfo,
+    check_fingerprint,
+    collect_provenance,
+    detect_gpus,
+    hardware_key,
+)
+from pytest_specdecode.client import MeasurementClient
+from pytest_specdecode.errors import (
+    BaselineError,
+    ConfigError,
+    RequestError,
+    ServerCrashedError,
+    ServerMismatchError,
+)
+from pytest_specdecode.fingerprint import Fingerprint
+from pytest_specdecode.markers import MarkerSpec
+from pytest_specdecode.metrics import compute_run_metrics
+from pytest_specdecode.pool import ServerHandle, ServerPool
+from pytest_specdecode.profiles import (
+    ProfileFile,
+    ServerProfile,
+    compare_server_args,
+    load_profiles,
+)
+from pytest_specdecode.readiness import Progress, wait_until_ready
+from pytest_specdecode.settings import Settings
+from pytest_specdecode.stats import SequentialPlan
+from pytest_specdecode.verdict import BaselineRef, Check, Outcome, evaluate, message, outcome_of
+from pytest_specdecode.workloads import Workload, resolve_workload
+
+SGLANG_DEFAULT_PORT = 30000
+
+
+@dataclass
+class TestResult:
+    """Everything one measured test produced, JSON-serialisable (xdist workers send it up)."""
+
+    test_id: str
+    profile: str
+    simulated: bool
+    hardware_key: str
+    workload_name: str
+    workload_hash: str
+    fingerprint: Fingerprint
+    samples: dict[str, list[float]]
+    outcome: Outcome
+    message: str
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    server_origin: str = "launched"
+    server_version: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def runs(self) -> int:
+        return len(self.samples.get("tok_s", []))
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["fingerprint"] = self.fingerprint.to_json()
+        data["outcome"] = self.outcome.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TestResult:
+        values = dict(data)
+        values["fingerprint"] = Fingerprint.from_json(values["fingerprint"])
+        values["outcome"] = Outcome(values["outcome"])
+        return cls(**values)
+
+
+def _check_json(check: Check) -> dict[str, Any]:
+    c = check.comparison
+    out: dict[str, Any] = {
+        "metric": check.threshold.metric,
+        "margin": check.threshold.margin,
+        "reference": check.threshold.reference,
+        "baseline_path": check.ref.path,
+        "problem": check.problem,
+        "verdict": c.verdict.value if c else None,
+    }
+    if c is not None:
+        out.update(
+            ratio=c.ratio,
+            ci_low=c.ci_low,
+            ci_high=c.ci_high,
+            p_pass=c.p_pass,
+            p_fail=c.p_fail,
+            mde=c.mde,
+            method=c.method,
+            alpha=c.alpha,
+            n_current=c.current.n,
+            n_baseline=c.baseline.n,
+            baseline_mean=c.baseline.mean,
+            current_mean=c.current.mean,
+            warnings=list(c.warnings),
+        )
+    return out
+
+
+class SpecdecodeSession:
+    """Profiles, servers, measurement and baselines for one pytest process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        run_id: str,
+        worker: str,
+        is_xdist_worker: bool,
+        log_dir: Path,
+        rootdir: Path,
+        emit: Callable[[str], None] = lambda message: None,
+        progress: Callable[[Progress], None] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.run_id = run_id
+        self.is_xdist_worker = is_xdist_worker
+        self.rootdir = rootdir
+        self.env = dict(os.environ if env is None else env)
+        self.emit = emit
+        self.results: list[TestResult] = []
+        self.warnings: list[str] = []
+        self._profiles: ProfileFile | None = None
+        self._target: str | None = None
+        self._target_reason = ""
+        self._gpus: GpuInfo | None = None
+        self._gpus_detected = False
+        self.store = BaselineStore(settings.baselines)
+        self.pool = ServerPool(
+            state_dir=settings.state_dir,
+            log_dir=log_dir,
+            run_id=run_id,
+            worker=worker,
+            keep_alive=settings.keep_server,
+            env=self.env,
+            on_event=emit,
+            on_progress=progress,
+            warmup=self._warm_up_server,
+        )
+
+    # -- profiles and target -------------------------------------------------------------
+
+    @property
+    def gpus(self) -> GpuInfo | None:
+        if not self._gpus_detected:
+            self._gpus = detect_gpus()
+            self._gpus_detected = True
+        return self._gpus
+
+    @property
+    def target(self) -> str:
+        if self._target is None:
+            self.profiles()
+        assert self._target is not None
+        return self._target
+
+    @property
+    def target_reason(self) -> str:
+        return self._target_reason
+
+    def profiles(self) -> ProfileFile:
+        """The profile file for the chosen target, loaded on first use (plain ``pytest tests``
+        runs without a profile file never touch it)."""
+        if self._profiles is None:
+            path = self.settings.config
+            target = self.settings.target
+            if target == "auto":
+                probe = load_profiles(path, target="real")
+                if self.settings.server_host:
+                    target, self._target_reason = "real", "a --server-host is given"
+                elif self.gpus is not None:
+                    target, self._target_reason = "real", f"{len(self.gpus.names)} GPU(s) found"
+                elif "sim" in probe.targets:
+                    target = "sim"
+                    self._target_reason = "no GPU found: figures are simulated"
+                else:
+                    target, self._target_reason = "real", "no [targets.sim] in the profile file"
+            else:
+                self._target_reason = "chosen with --specdecode-target"
+            self._profiles = load_profiles(path, target=target)
+            self._target = target
+            self.warnings.extend(self._profiles.warnings)
+        return self._profiles
+
+    def profile(self, name: str, *, where: str) -> ServerProfile:
+        profiles = self.profiles().profiles
+        if name not in profiles:
+            import difflib
+
+            hint = difflib.get_close_matches(name, list(profiles), n=1)
+            did_you_mean = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ConfigError(
+                f"{where} asks for server profile {name!r}, which {self.settings.config} does "
+                f"not define{did_you_mean} Defined: {', '.join(sorted(profiles)) or 'none'}"
+            )
+        return profiles[name]
+
+    # -- servers -------------------------------------------------------------------------
+
+    def server_for(self, profile: ServerProfile) -> ServerHandle:
+        if self.settings.server_host:
+            return self._attach(profile)
+        return self.pool.acquire(profile)
+
+    def release(self, profile: ServerProfile) -> None:
+        if not self.settings.server_host:
+            self.pool.release(profile)
+
+    def _attach(self, profile: ServerProfile) -> ServerHandle:
+        url = attach_url(self.settings.server_host or "", profile.port or SGLANG_DEFAULT_PORT)
+        api_key = None
+        if profile.api_key_env:
+            api_key = self.env.get(profile.api_key_env)
+        wait_until_ready(
+            url,
+            name=f"attached server {url}",
+            timeout=min(60.0, profile.startup_timeout),
+            api_key=api_key,
+        )
+        return ServerHandle(profile=profile, base_url=url, origin="attached", api_key=api_key)
+
+    def _warm_up_server(self, handle: ServerHandle) -> None:
+        """The profile's server-level warm-up after readiness: short greedy requests, so CUDA
+        graphs and caches are hot before any test measures (the seed's slow first requests)."""
+        if handle.profile.warmup_requests <= 0:
+            return
+        warm = resolve_workload(
+            {"max_new_tokens": 16, "requests_per_run": 1, "concurrency": 1, "warmup_requests": 0}
+        )
+        with self._client(handle) as client:
+            for i in range(handle.profile.warmup_requests):
+                client.run(warm, i)
+
+    def _client(self, handle: ServerHandle) -> MeasurementClient:
+        return MeasurementClient(
+            handle.base_url,
+            api_key=handle.api_key,
+            request_timeout=self.settings.request_timeout,
+        )
+
+    # -- measurement ---------------------------------------------------------------------
+
+    def hardware_key(self, simulated: bool) -> str:
+        override = self.settings.hardware_key
+        if override is None and self.settings.server_host and self.gpus is None and not simulated:
+            host = urlsplit(attach_url(self.settings.server_host, SGLANG_DEFAULT_PORT)).hostname
+            override = f"host-{host}"
+        return hardware_key(self.gpus, simulated=simulated, override=override)
+
+    def measure(self, test_id: str, spec: MarkerSpec, handle: ServerHandle) -> TestResult:
+        """Warm up, run, compare (adding runs while inconclusive), and judge one test."""
+        profile = handle.profile
+        files = self.profiles()
+        workload = resolve_workload(spec.workload, files.workloads, source=f"{test_id}")
+        settings = self.settings
+        updating = settings.update_baselines
+        alpha = spec.alpha or settings.alpha
+        method = spec.method or settings.method
+        runs = spec.runs or (settings.baseline_runs if updating else settings.runs)
+        max_runs = runs if updating else max(spec.max_runs or settings.max_runs, runs)
+        plan = SequentialPlan(initial_runs=runs, max_runs=max_runs, step=1, alpha=alpha)
+
+        with self._client(handle) as client:
+            info = self._server_info(client, handle)
+            simulated = profile.simulated or info.get("simulated") is True
+            warnings = self._attach_checks(profile, handle, info)
+            hw = self.hardware_key(simulated)
+            version = info.get("version")
+            fingerprint = profile.fingerprint().with_soft(
+                server_version=str(version) if version is not None else None
+            )
+            refs = self._baseline_refs(test_id, spec, profile, workload, hw, fingerprint, warnings)
+            own = refs[None].samples
+            if own and own.get("tok_s"):
+                # The per-look alphas are calibrated for the stored baseline's size.
+                plan = plan.for_baseline(len(own["tok_s"]))
+            samples: dict[str, list[float]] = {}
+            checks: tuple[Check, ...] = ()
+            looks = plan.looks()
+            with self.pool.gpu_lock(profile):
+                client.warmup(workload)
+                for run_index in range(max_runs):
+                    if workload.flush_cache:
+                        client.flush_cache()
+                    try:
+                        run = client.run(workload, run_index)
+                    except RequestError as exc:
+                        raise self._explain_failure(exc, handle, run_index) from exc
+                    for name, value in compute_run_metrics(run).values.items():
+                        samples.setdefault(name, []).append(value)
+                    n = run_index + 1
+                    if n in looks:
+                        checks = evaluate(
+                            spec.thresholds,
+                            samples,
+                            refs,
+                            alpha=plan.alpha_at(looks.index(n)),
+                            method=method,
+                        )
+                        if updating or outcome_of(checks) is not Outcome.INCONCLUSIVE:
+                            break
+
+        if updating:
+            outcome, text = self._recording_outcome(samples)
+        else:
+            outcome = outcome_of(checks)
+            text = message(checks, outcome)
+        result = TestResult(
+            test_id=test_id,
+            profile=profile.name,
+            simulated=simulated,
+            hardware_key=hw,
+            workload_name=workload.name,
+            workload_hash=workload.content_hash(),
+            fingerprint=fingerprint,
+            samples=samples,
+            outcome=outcome,
+            message=text,
+            checks=[_check_json(c) for c in checks],
+            server_origin=handle.origin,
+            server_version=str(version) if version is not None else None,
+            warnings=warnings,
+            provenance=collect_provenance(
+                env=profile.launch_env(self.env) if handle.origin != "attached" else {},
+                server_info=info,
+                gpu=self.gpus,
+                repo_dir=self.rootdir,
+            ),
+        )
+        self.results.append(result)
+        return result
+
+    def _server_info(self, client: MeasurementClient, handle: ServerHandle) -> dict[str, Any]:
+        try:
+            return client.server_info()
+        except RequestError as exc:
+            raise self._explain_failure(exc, handle, None) from exc
+
+    def _attach_checks(
+        self, profile: ServerProfile, handle: ServerHandle, info: Mapping[str, Any]
+    ) -> list[str]:
+        if handle.origin != "attached":
+            return []
+        warnings = [
+            f"attached to {handle.base_url}: the server's environment (NCCL variables of env "
+            f"set {', '.join(profile.env_sets) or 'none'}) cannot be verified remotely"
+        ]
+        mismatches = compare_server_args(profile, info)
+        if mismatches:
+            text = (
+                f"the server at {handle.base_url} does not run profile {profile.name!r} "
+                f"({profile.source}): " + "; ".join(m.describe() for m in mismatches)
+            )
+            if not self.settings.allow_mismatch:
+                raise ServerMismatchError(
+                    text + ". Point --server-host at the right server, fix the profile, or pass "
+                    "--specdecode-allow-mismatch to measure anyway"
+                )
+            warnings.append(text)
+        return warnings
+
+    def _baseline_refs(
+        self,
+        test_id: str,
+        spec: MarkerSpec,
+        profile: ServerProfile,
+        workload: Workload,
+        hw: str,
+        fingerprint: Fingerprint,
+        warnings: list[str],
+    ) -> dict[str | None, BaselineRef]:
+        refs: dict[str | None, BaselineRef] = {}
+        wl_hash = workload.content_hash()
+        path = str(self.store.path_for(hw, test_id))
+        try:
+            own = self.store.load(hw, test_id)
+        except BaselineError as exc:
+            refs[None] = BaselineRef("its own baseline", None, path, str(exc), mismatch=True)
+            own = None
+        if None not in refs:
+            refs[None] = self._ref_from(
+                own,
+                "its own baseline",
+                path,
+                fingerprint,
+                wl_hash,
+                warnings,
+                missing=f"no baseline for {test_id} on hardware {hw!r} (expected at {path}); "
+                "record one with --update-baselines",
+            )
+        for name in spec.references:
+            other = self.profile(name, where=f"{test_id} (against=)")
+            found = self.store.find_for_profile(hw, name, wl_hash)
+            found.sort(key=lambda r: r.created_unix)
+            record = found[-1] if found else None
+            ref_path = str(self.store.path_for(hw, record.test_id)) if record else None
+            refs[name] = self._ref_from(
+                record,
+                f"{name}'s baseline",
+                ref_path,
+                other.fingerprint(),
+                wl_hash,
+                warnings,
+                missing=f"no stored baseline of profile {name!r} on hardware {hw!r} for workload "
+                f"{workload.name!r} (hash {wl_hash}); run that profile's test with "
+                "--update-baselines first",
+            )
+        return refs
+
+    def _ref_from(
+        self,
+        record: BaselineRecord | None,
+        label: str,
+        path: str | None,
+        fingerprint: Fingerprint,
+        workload_hash: str,
+        warnings: list[str],
+        *,
+        missing: str,
+    ) -> BaselineRef:
+        if record is None:
+            return BaselineRef(label, None, path, missing)
+        check = check_fingerprint(record, fingerprint)
+        if check.hard:
+            return BaselineRef(label, None, path, check.error_message(path or ""), mismatch=True)
+        if record.workload_hash != workload_hash:
+            return BaselineRef(
+                label,
+                None,
+                path,
+                f"{path}: recorded with workload hash {record.workload_hash}, this run's workload "
+                f"hashes to {workload_hash}: the prompts, output length, concurrency or API "
+                "changed, so the runs are not comparable; re-record with --update-baselines",
+                mismatch=True,
+            )
+        if check.soft:
+            warnings.append(check.warning_message())
+        return BaselineRef(label, record.samples, path)
+
+    def _recording_outcome(self, samples: Mapping[str, list[float]]) -> tuple[Outcome, str]:
+        values = samples.get("tok_s", [])
+        if len(values) >= 2 and not self.settings.force_baseline:
+            mean = sum(values) / len(values)
+            sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+            cv = sd / mean if mean else 0.0
+            if cv > self.settings.max_baseline_cv:
+                return Outcome.FAIL, (
+                    f"refusing to record a baseline: tok_s varied with CV {cv:.1%} over "
+                    f"{len(values)} runs, above the limit {self.settings.max_baseline_cv:.1%} "
+                    "(--specdecode-max-baseline-cv). Quiet the machine and rerun, or record it "
+                    "anyway with --specdecode-force-baseline"
+                )
+        return Outcome.RECORDED, f"recorded {len(values)} runs"
+
+    def _explain_failure(
+        self, exc: RequestError, handle: ServerHandle, run_index: int | None
+    ) -> Exception:
+        """A failed request: if the server died, say so with its exit code and log tail."""
+        deadline = time.monotonic() + 2.0
+        code = handle.exit_code()
+        while code is None and time.monotonic() < deadline and handle.origin != "attached":
+            time.sleep(0.1)
+            code = handle.exit_code()
+        if code is None:
+            return exc
+        when = f"during run {run_index + 1}" if run_index is not None else "before measuring"
+        crash = ServerCrashedError(
+            f"server {handle.profile.name!r} died {when} (exit code {code}); the request "
+            f"failed with: {exc}",
+            log_path=str(handle.log_path) if handle.log_path else None,
+            log_tail=handle.log_tail(50),
+            exit_code=code,
+        )
+        self.pool.mark_failed(handle.profile, crash)
+        return crash
+
+    # -- end of session ------------------------------------------------------------------
+
+    def write_baselines(self, results: list[TestResult]) -> list[BaselineUpdate]:
+        """Record every RECORDED result (the xdist controller or a plain session only)."""
+        updates = []
+        for result in results:
+            if result.outcome is not Outcome.RECORDED:
+                continue
+            record = BaselineRecord(
+                test_id=result.test_id,
+                profile=result.profile,
+                hardware_key=result.hardware_key,
+                simulated=result.simulated,
+                workload_name=result.workload_name,
+                workload_hash=result.workload_hash,
+                fingerprint=result.fingerprint,
+                samples={k: tuple(v) for k, v in result.samples.items()},
+                provenance=result.provenance,
+                created_unix=time.time(),
+            )
+            updates.append(
+                self.store.write(
+                    record,
+                    max_cv=self.settings.max_baseline_cv,
+                    force=self.settings.force_baseline,
+                )
+            )
+        return updates
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def attach_url(spec: str, default_port: int) -> str:
+    """``gpu-box``, ``gpu-box:30000`` or ``http://gpu-box:30000`` → ``http://gpu-box:30000``."""
+    text = spec.strip().rstrip("/")
+    if "://" not in text:
+        text = "http://" + text
+    parts = urlsplit(text)
+    if not parts.hostname:
+        raise ConfigError(f"--server-host {spec!r} has no host name; use HOST[:PORT] or a URL")
+    try:
+        port = parts.port or default_port
+    except ValueError:
+        raise ConfigError(f"--server-host {spec!r} has an invalid port") from None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}:{port}"
+
+
+class SpecdecodeTest:
+    """What the ``specdecode`` fixture gives a test: its server and, once measured, its result.
+
+    A test with thresholds is measured and judged after its body runs; a body that wants the
+    numbers itself calls :meth:`measure` (the plugin then judges that same measurement).
+    """
+
+    def __init__(
+        self, session: SpecdecodeSession, test_id: str, spec: MarkerSpec, server: ServerHandle
+    ) -> None:
+        self._session = session
+        self.test_id = test_id
+        self.spec = spec
+        self.server = server
+        self.result: TestResult | None = None
+
+    @property
+    def profile(self) -> ServerProfile:
+        return self.server.profile
+
+    def measure(self) -> TestResult:
+        """Measure (once) and return the result with samples, checks and outcome."""
+        if self.result is None:
+            self.result = self._session.measure(self.test_id, self.spec, self.server)
+        return self.result
+
+    def mean(self, metric: str) -> float:
+        """Mean of ``metric`` over the measured runs (measures first if needed)."""
+        values = self.measure().samples.get(metric)
+        if not values:
+            raise KeyError(f"{metric!r} was not measured for {self.test_id}")
+        return sum(values) / len(values)

@@ -1,0 +1,345 @@
+"""Every knob of the plugin, defined once and resolved once: command line > environment > ini >
+default.
+
+:data:`OPTIONS` is the single definition the plugin turns into ``parser.addoption`` and
+``parser.addini`` calls, so the help texts of the flag and the ini key never drift apart.
+:func:`resolve` turns the raw values into a frozen :class:`Settings`; a bad value is a
+:class:`ConfigError` that says which value, from where (flag, environment variable or ini file),
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_specdecode.errors import ConfigError
+
+INCONCLUSIVE_POLICIES = ("fail", "warn", "xfail")
+MISSING_BASELINE_POLICIES = ("skip", "fail")
+METHODS = ("welch-log", "bootstrap", "rank")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its flag, ini key, environment variable, parser and default."""
+
+    name: str
+    flag: str
+    help: str
+    default: Any
+    parse: Callable[[str], Any]
+    metavar: str | None = None
+    ini: bool = True
+    env: bool = True
+    is_flag: bool = False  # a store_true switch on the command line
+
+    @property
+    def ini_key(self) -> str:
+        return f"specdecode_{self.name}"
+
+    @property
+    def env_var(self) -> str:
+        return f"PYTEST_SPECDECODE_{self.name.upper()}"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be a whole number of at least 1")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value < 0.5:
+        raise ValueError("must lie between 0 and 0.5 (a one-sided error rate such as 0.05)")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError("must be a positive number")
+    return value
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return text
+
+    return parse
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _text(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+def _default_state_dir() -> str:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(cache) / "pytest-specdecode")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "config",
+        "--specdecode-config",
+        "Server profile file (TOML)",
+        "perf_tests/specdecode.toml",
+        _text,
+        "PATH",
+    ),
+    Option(
+        "target",
+        "--specdecode-target",
+        "Which profiles to run: 'real', 'sim' or another [targets.NAME] overlay of the profile "
+        "file; 'auto' = real when GPUs are found or --server-host is given, else sim",
+        "auto",
+        _text,
+        "NAME",
+    ),
+    Option(
+        "server_host",
+        "--server-host",
+        "Measure a server someone else runs (HOST[:PORT] or URL) instead of launching one; "
+        "its reported arguments must match the test's profile",
+        None,
+        _text,
+        "HOST[:PORT]",
+        ini=False,
+    ),
+    Option(
+        "update_baselines",
+        "--update-baselines",
+        "Record the measured runs as the new baselines (prints old -> new)",
+        False,
+        _bool,
+        ini=False,
+        env=False,
+        is_flag=True,
+    ),
+    Option(
+        "force_baseline",
+        "--specdecode-force-baseline",
+        "With --update-baselines: record even when the runs are noisier than max_baseline_cv",
+        False,
+        _bool,
+        ini=False,
+        is_flag=True,
+    ),
+    Option(
+        "baselines",
+        "--specdecode-baselines",
+        "Directory of the stored baselines",
+        "baselines",
+        _text,
+        "DIR",
+    ),
+    Option(
+        "keep_server",
+        "--specdecode-keep-server",
+        "Leave the last server running after the session so the next one skips the load",
+        False,
+        _bool,
+        is_flag=True,
+    ),
+    Option(
+        "allow_mismatch",
+        "--specdecode-allow-mismatch",
+        "With --server-host: warn instead of failing when the server's arguments differ "
+        "from the profile's",
+        False,
+        _bool,
+        is_flag=True,
+    ),
+    Option(
+        "runs",
+        "--specdecode-runs",
+        "Measured runs per test before the first verdict",
+        5,
+        _positive_int,
+        "N",
+    ),
+    Option(
+        "max_runs",
+        "--specdecode-max-runs",
+        "Most runs per test when the verdict stays inconclusive",
+        10,
+        _positive_int,
+        "N",
+    ),
+    Option(
+        "baseline_runs",
+        "--specdecode-baseline-runs",
+        "Runs recorded per test with --update-baselines (more runs = a sharper baseline)",
+        20,
+        _positive_int,
+        "N",
+    ),
+    Option(
+        "alpha",
+        "--specdecode-alpha",
+        "One-sided error rate of each verdict (false FAIL and false PASS)",
+        0.05,
+        _probability,
+        "ALPHA",
+    ),
+    Option(
+        "method",
+        "--specdecode-method",
+        f"Confidence interval of current/baseline: {', '.join(METHODS)}",
+        "welch-log",
+        _choice(*METHODS),
+        "METHOD",
+    ),
+    Option(
+        "on_inconclusive",
+        "--specdecode-on-inconclusive",
+        "What an inconclusive verdict after max_runs does: fail, warn (pass with a warning) "
+        "or xfail",
+        "xfail",
+        _choice(*INCONCLUSIVE_POLICIES),
+        "POLICY",
+    ),
+    Option(
+        "on_missing_baseline",
+        "--specdecode-on-missing-baseline",
+        "What a test with thresholds but no stored baseline does: skip or fail",
+        "skip",
+        _choice(*MISSING_BASELINE_POLICIES),
+        "POLICY",
+    ),
+    Option(
+        "max_baseline_cv",
+        "--specdecode-max-baseline-cv",
+        "Refuse to record a baseline whose tok/s CV is above this (e.g. 0.08 = 8%)",
+        0.08,
+        _positive_float,
+        "CV",
+    ),
+    Option(
+        "hardware_key",
+        "--specdecode-hardware-key",
+        "Name of this hardware in baselines/ (default: detected GPUs, or 'simulated')",
+        None,
+        _text,
+        "KEY",
+    ),
+    Option(
+        "state_dir",
+        "--specdecode-state-dir",
+        "Where running servers are recorded for reuse (machine-wide)",
+        None,
+        _text,
+        "DIR",
+    ),
+    Option(
+        "request_timeout",
+        "--specdecode-request-timeout",
+        "Seconds one measurement request may take",
+        600.0,
+        _positive_float,
+        "SECONDS",
+    ),
+)
+
+OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    config: Path
+    target: str
+    server_host: str | None
+    update_baselines: bool
+    force_baseline: bool
+    baselines: Path
+    keep_server: bool
+    allow_mismatch: bool
+    runs: int
+    max_runs: int
+    baseline_runs: int
+    alpha: float
+    method: str
+    on_inconclusive: str
+    on_missing_baseline: str
+    max_baseline_cv: float
+    hardware_key: str | None
+    state_dir: Path
+    request_timeout: float
+
+
+def resolve(
+    *,
+    cli: Mapping[str, Any],
+    ini: Mapping[str, str | None],
+    env: Mapping[str, str],
+    invocation_dir: Path,
+    ini_dir: Path,
+    ini_file: str = "the ini file",
+) -> Settings:
+    """Resolve every option: ``cli`` (None = not given) > ``env`` > ``ini`` > default.
+
+    Relative paths are taken from where they were written: the ini file's directory for ini
+    values, the invocation directory for flags and environment variables.
+    """
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        raw: Any = None
+        where = ""
+        base = invocation_dir
+        if cli.get(option.name) not in (None, False):
+            raw, where = cli[option.name], f"{option.flag}"
+        elif option.env and env.get(option.env_var):
+            raw, where = env[option.env_var], f"environment variable {option.env_var}"
+        elif option.ini and ini.get(option.name):
+            raw, where = ini[option.name], f"ini key {option.ini_key} in {ini_file}"
+            base = ini_dir
+        if raw is None:
+            values[option.name] = option.default
+            continue
+        try:
+            value = option.parse(str(raw)) if not isinstance(raw, bool) else raw
+        except ValueError as exc:
+            raise ConfigError(f"invalid value {raw!r} from {where}: {exc}") from None
+        if option.name in ("config", "baselines", "state_dir"):
+            path = Path(str(value)).expanduser()
+            value = str(path if path.is_absolute() else base / path)
+        values[option.name] = value
+
+    if values["max_runs"] < values["runs"]:
+        raise ConfigError(
+            f"max_runs ({values['max_runs']}) is smaller than runs ({values['runs']}): "
+            "set --specdecode-max-runs to at least --specdecode-runs"
+        )
+    state_dir = values["state_dir"] or _default_state_dir()
+    config = values["config"]
+    baselines = values["baselines"]
+    if not Path(config).is_absolute():
+        config = str(ini_dir / config)
+    if not Path(baselines).is_absolute():
+        baselines = str(ini_dir / baselines)
+    return Settings(
+        **{
+            **values,
+            "config": Path(config),
+            "baselines": Path(baselines),
+            "state_dir": Path(state_dir),
+        }
+    )

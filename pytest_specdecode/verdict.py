@@ -1,0 +1,148 @@
+"""From a test's thresholds, its measured samples and the baselines to one outcome and message.
+
+Each :class:`~pytest_specdecode.markers.Threshold` becomes a :class:`Check`: a statistical
+comparison (:mod:`pytest_specdecode.stats`) when a comparable baseline exists, or the reason it
+cannot be compared (no baseline, a hard fingerprint mismatch, a metric the run did not produce).
+The test's outcome is the worst of its checks, in this order: a mismatch (never compared
+silently), a FAIL, a missing baseline, INCONCLUSIVE, PASS.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pytest_specdecode.markers import Threshold
+from pytest_specdecode.metrics import METRICS
+from pytest_specdecode.stats import Comparison, Verdict, compare
+
+
+class Outcome(str, enum.Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+    NO_BASELINE = "no baseline"
+    MISMATCH = "mismatch"
+    RECORDED = "recorded"  # --update-baselines
+    MEASURED = "measured"  # no thresholds: measured and reported only
+
+
+@dataclass(frozen=True)
+class BaselineRef:
+    """The baseline samples one reference resolves to, or why there are none to compare."""
+
+    label: str  # "its own baseline" / "nospec-nccl's baseline"
+    samples: Mapping[str, Sequence[float]] | None
+    path: str | None = None
+    problem: str | None = None  # set when samples is None
+    mismatch: bool = False  # the problem is a hard fingerprint or workload mismatch
+
+
+@dataclass(frozen=True)
+class Check:
+    threshold: Threshold
+    ref: BaselineRef
+    comparison: Comparison | None
+    problem: str | None = None
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.comparison.verdict if self.comparison else None
+
+    def describe(self) -> str:
+        info = METRICS[self.threshold.metric]
+        head = f"{info.label} vs {self.ref.label}"
+        if self.comparison is None:
+            return f"{head}: {self.problem}"
+        c = self.comparison
+        scale, unit = info.display_scale, info.unit
+        required = 1.0 + self.threshold.margin
+        direction = "at least" if self.threshold.margin >= 0 else "no worse than"
+        text = (
+            f"{head}: {c.verdict.value.upper()}. Baseline {c.baseline.mean * scale:.4g} {unit} "
+            f"(n={c.baseline.n}, CV {c.baseline.cv:.1%}), current {c.current.mean * scale:.4g} "
+            f"{unit} (n={c.current.n}, CV {c.current.cv:.1%}); ratio {c.ratio:.3f} with "
+            f"one-sided {1 - c.alpha:.0%} bounds [{c.ci_low:.3f}, {c.ci_high:.3f}]; margin "
+            f"{self.threshold.margin:+.1%} ({direction} {required:.3f} required)"
+        )
+        if not info.higher_is_better:
+            text += "; lower is better, so the ratio is baseline/current"
+        p = c.p_fail if c.verdict is Verdict.FAIL else c.p_pass
+        text += f"; p={p:.3g}"
+        if c.mde is not None:
+            text += f", MDE {c.mde:.1%}"
+        text += f" [{c.method}]."
+        if c.warnings:
+            text += " " + " ".join(c.warnings)
+        return text
+
+
+def evaluate(
+    thresholds: Sequence[Threshold],
+    current: Mapping[str, Sequence[float]],
+    refs: Mapping[str | None, BaselineRef],
+    *,
+    alpha: float,
+    method: str,
+    seed: int | None = None,
+) -> tuple[Check, ...]:
+    checks = []
+    for threshold in thresholds:
+        ref = refs[threshold.reference]
+        info = METRICS[threshold.metric]
+        values = current.get(threshold.metric)
+        if ref.samples is None:
+            checks.append(Check(threshold, ref, None, ref.problem))
+            continue
+        stored = ref.samples.get(threshold.metric)
+        if not values:
+            problem = (
+                f"this run produced no {threshold.metric} values (accept length needs a "
+                "speculative server; TTFT and ITL need a streaming workload)"
+            )
+            checks.append(Check(threshold, ref, None, problem))
+            continue
+        if not stored:
+            problem = f"the baseline {ref.path or ''} has no {threshold.metric} samples"
+            checks.append(Check(threshold, ref, None, problem.replace("  ", " ")))
+            continue
+        comparison = compare(
+            values,
+            stored,
+            margin=threshold.margin,
+            higher_is_better=info.higher_is_better,
+            alpha=alpha,
+            method=method,
+            seed=seed,
+        )
+        checks.append(Check(threshold, ref, comparison))
+    return tuple(checks)
+
+
+def outcome_of(checks: Sequence[Check]) -> Outcome:
+    if any(c.comparison is None and c.ref.mismatch for c in checks):
+        return Outcome.MISMATCH
+    if any(c.verdict is Verdict.FAIL for c in checks):
+        return Outcome.FAIL
+    if any(c.comparison is None and c.ref.samples is None for c in checks):
+        return Outcome.NO_BASELINE
+    if any(c.comparison is None for c in checks):
+        return Outcome.FAIL  # a demanded metric that cannot be computed is a failure, not a pass
+    if any(c.verdict is Verdict.INCONCLUSIVE for c in checks):
+        return Outcome.INCONCLUSIVE
+    return Outcome.PASS if checks else Outcome.MEASURED
+
+
+def needs_more_runs(checks: Sequence[Check]) -> bool:
+    """Whether extra runs could change the outcome: only INCONCLUSIVE comparisons qualify."""
+    outcome = outcome_of(checks)
+    return outcome is Outcome.INCONCLUSIVE
+
+
+def message(checks: Sequence[Check], outcome: Outcome) -> str:
+    """The failure/skip/xfail text: one paragraph per check that is not a clean PASS."""
+    relevant = [c for c in checks if c.verdict is not Verdict.PASS]
+    if not relevant:
+        relevant = list(checks)
+    return "\n\n".join(c.describe() for c in relevant)
