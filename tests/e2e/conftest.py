@@ -1,0 +1,134 @@
+"""End-to-end scaffolding: a throwaway project that uses the plugin the way users do.
+
+Each test gets a pytester directory with a profile file (simulated servers, fast and quick to
+load), an ini file pointing at it, its own machine-wide state directory (so kept-alive servers
+never leak between tests), and runs pytest in a subprocess: real server processes, real signals.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+NCCL_TUNED = """
+[env.nccl_tuned]
+NCCL_PROTO = "LL"
+NCCL_ALGO = "Ring"
+NCCL_P2P_LEVEL = "SYS"
+NCCL_MAX_NCHANNELS = "16"
+NCCL_BUFFSIZE = "16777216"
+NCCL_NTHREADS = "512"
+"""
+
+# Simulated servers at 50x speed that load in 0.2 s, with a fixed seed: a server restarted for
+# the check run draws the same acceptance sequence as the one that recorded the baseline, so a
+# journey's verdict depends on what the test injects (a slowdown, lower acceptance), not on luck.
+FAST_SIM = (
+    '["--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1", '
+    '"--disable-custom-all-reduce"]'
+)
+
+DEFAULT_PROFILES = f"""
+[defaults]
+launcher = "sim"
+tp_size = 8
+model_path = "/models/tiny-llm"
+startup_timeout = 30
+warmup_requests = 1
+{NCCL_TUNED}
+[profiles.nospec]
+env = "nccl_tuned"
+extra_args = {FAST_SIM}
+
+[profiles.eagle3]
+env = "nccl_tuned"
+speculative = {{ algorithm = "EAGLE3", draft_model_path = "/models/tiny-eagle3", num_steps = 2, eagle_topk = 1, num_draft_tokens = 3 }}
+extra_args = {FAST_SIM}
+
+[workloads.fast]
+prompt_set = "mixed"
+max_new_tokens = 64
+concurrency = 1
+requests_per_run = 2
+warmup_requests = 1
+"""
+
+
+@dataclass
+class Project:
+    """A pytester project using the plugin; ``run`` starts pytest in a subprocess."""
+
+    pytester: pytest.Pytester
+    state_dir: Path
+
+    @property
+    def path(self) -> Path:
+        return self.pytester.path
+
+    def profiles(self, text: str = DEFAULT_PROFILES) -> Path:
+        path = self.path / "specdecode.toml"
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    def tests(self, source: str, name: str = "test_perf") -> Path:
+        return self.pytester.makepyfile(**{name: textwrap.dedent(source)})
+
+    def run(self, *args: str, timeout: float = 240) -> pytest.RunResult:
+        return self.pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "-p", "no:randomly", *args, timeout=timeout
+        )
+
+    def baseline_files(self) -> list[Path]:
+        return sorted((self.path / "baselines").rglob("*.json"))
+
+    def sim_processes(self) -> list[int]:
+        """Simulated servers still running that this test started (found by its state dir)."""
+        return sim_pids_with_env("PYTEST_SPECDECODE_STATE_DIR", str(self.state_dir))
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Iterator[Project]:
+    state_dir = pytester.path / "state"
+    monkeypatch.setenv("PYTEST_SPECDECODE_STATE_DIR", str(state_dir))
+    pytester.makeini(
+        """
+        [pytest]
+        specdecode_config = specdecode.toml
+        specdecode_baselines = baselines
+        """
+    )
+    proj = Project(pytester, state_dir)
+    proj.profiles()
+    yield proj
+    # Whatever a test left behind (a kept-alive server, a killed pytest) is stopped here, so a
+    # failing test never leaks processes into the next one.
+    for pid in proj.sim_processes():
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def sim_pids_with_env(name: str, value: str) -> list[int]:
+    """Pids of ``pytest_specdecode.sim`` processes whose environment has ``name=value``."""
+    wanted = f"{name}={value}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            if b"pytest_specdecode.sim" not in cmdline:
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if wanted in environ:
+            pids.append(int(entry.name))
+    return pids

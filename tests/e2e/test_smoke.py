@@ -1,0 +1,24 @@
+"""The shortest user journey: record a baseline, then pass against it."""
+
+from __future__ import annotations
+
+
+def test_record_then_pass(project):
+    project.tests(
+        """
+        import pytest
+
+        @pytest.mark.specdecode("eagle3", workload="fast", tok_s=-0.10, accept_length=-0.10)
+        def test_eagle3():
+            pass
+        """
+    )
+    recorded = project.run("--update-baselines", "--specdecode-baseline-runs", "6")
+    recorded.assert_outcomes(passed=1)
+    recorded.stdout.fnmatch_lines(["*SIMULATED*", "*new baseline*test_eagle3.json*"])
+    assert len(project.baseline_files()) == 1
+
+    checked = project.run("--specdecode-runs", "4", "--specdecode-max-runs", "8")
+    checked.assert_outcomes(passed=1)
+    checked.stdout.fnmatch_lines(["*test_eagle3*eagle3 (simulated)*PASS*"])
+    assert project.sim_processes() == []
