@@ -170,7 +170,7 @@ def test_example_sim_target_appends_sim_knobs_and_needs_no_gpu() -> None:
         assert p.launcher == "sim"
         assert p.gpus == ()
         assert p.startup_timeout == 60
-        assert list(p.extra_args[-4:]) == ["--sim-speed", "4", "--sim-load-seconds", "2"]
+        assert list(p.extra_args[-4:]) == ["--sim-speed", "10", "--sim-load-seconds", "2"]
         assert p.source.endswith(f"[profiles.{p.name}] with [targets.sim]")
         argv = p.launch_argv(host="127.0.0.1", port=1234)
         assert argv[:3] == [sys.executable, "-m", "pytest_specdecode.sim"]
@@ -208,7 +208,7 @@ def test_example_seed_workload_is_raw_data_the_workloads_module_accepts() -> Non
         "prompt_set": "mixed",
         "max_new_tokens": 500,
         "concurrency": 1,
-        "requests_per_run": 1,
+        "requests_per_run": 4,
         "warmup_requests": 2,
     }
     workload = resolve_workload("seed", loaded.workloads, source=str(EXAMPLE))
