@@ -1,0 +1,286 @@
+"""The nightly history: one JSON line per session, appended, read back for trends.
+
+Each line is a :func:`history_record`: when the session ran, on which commit and hardware, and
+per measured test its outcome, the mean and 95% CI of every metric, and per check the ratio, its
+CI, the verdict and the baseline it was compared with (mean, run-to-run std when known, and the
+margin's threshold in the metric's unit). The layout is versioned
+(:data:`HISTORY_SCHEMA_VERSION`) and described by ``schemas/history.schema.json``.
+
+Appending is safe from several processes at once (xdist controllers of parallel CI jobs sharing
+a file): each record is one ``write`` of one complete line to a descriptor opened with
+``O_APPEND``, under a ``filelock`` next to the file, so lines neither interleave nor get lost
+whatever their length. A line torn by a crash is left where it is, and the next append starts
+on a fresh line; :func:`read_history` then names that line instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from pytest_specdecode import __version__
+from pytest_specdecode.errors import SpecdecodeError
+from pytest_specdecode.metrics import METRICS
+from pytest_specdecode.reports import (
+    finite_json,
+    iso_utc,
+    metric_summary,
+    normalized_session,
+    parse_iso,
+)
+from pytest_specdecode.session import TestResult
+from pytest_specdecode.verdict import Outcome
+
+HISTORY_SCHEMA_VERSION = 1
+"""Version of a history line's layout; a reader refuses lines of a newer version."""
+
+HISTORY_SCHEMA_PATH = Path(__file__).parent / "schemas" / "history.schema.json"
+
+_REMEDY = (
+    "each line must be one session's JSON record written by pytest-specdecode; fix or delete "
+    "that line (the others are kept), or pass --skip-bad-lines to report it and go on"
+)
+
+
+class HistoryError(SpecdecodeError):
+    """A history file cannot be read or written."""
+
+
+# --------------------------------------------------------------------------- record
+
+
+def _threshold(baseline_mean: float, margin: float, higher_is_better: bool) -> float | None:
+    """The current mean at which the ratio meets ``1 + margin`` exactly."""
+    if higher_is_better:
+        return baseline_mean * (1.0 + margin)
+    return baseline_mean / (1.0 + margin) if margin > -1.0 else None
+
+
+def _baseline_std(check: Mapping[str, Any]) -> float | None:
+    std = check.get("baseline_std")
+    if isinstance(std, int | float) and not isinstance(std, bool):
+        return float(std)
+    cv, mean = check.get("baseline_cv"), check.get("baseline_mean")
+    if isinstance(cv, int | float) and isinstance(mean, int | float):
+        return float(cv) * abs(float(mean))
+    return None
+
+
+def _check_record(check: Mapping[str, Any]) -> dict[str, Any]:
+    metric = str(check["metric"])
+    info = METRICS.get(metric)
+    margin = float(check.get("margin") or 0.0)
+    baseline_mean = check.get("baseline_mean")
+    compared = check.get("ratio") is not None
+    return {
+        "metric": metric,
+        "reference": check.get("reference"),
+        "margin": margin,
+        "compared": compared,
+        "verdict": check.get("verdict") if compared else None,
+        "ratio": check.get("ratio"),
+        "ci_low": check.get("ci_low"),
+        "ci_high": check.get("ci_high"),
+        "n_baseline": check.get("n_baseline"),
+        "baseline_mean": baseline_mean,
+        "baseline_std": _baseline_std(check) if compared else None,
+        "threshold": (
+            _threshold(float(baseline_mean), margin, info.higher_is_better if info else True)
+            if compared and isinstance(baseline_mean, int | float)
+            else None
+        ),
+    }
+
+
+def _test_record(result: TestResult) -> dict[str, Any]:
+    metrics = {}
+    for name, values in result.samples.items():
+        if values:
+            summary = metric_summary(values)
+            metrics[name] = {key: summary[key] for key in ("n", "mean", "cv")} | {
+                "ci_low": summary["ci95_low"],
+                "ci_high": summary["ci95_high"],
+            }
+    return {
+        "test_id": result.test_id,
+        "profile": result.profile,
+        "outcome": result.outcome.value,
+        "simulated": result.simulated,
+        "hardware_key": result.hardware_key,
+        "workload_hash": result.workload_hash,
+        "fingerprint": result.fingerprint.digest,
+        "server_version": result.server_version,
+        "runs": result.runs,
+        "metrics": metrics,
+        "checks": [_check_record(c) for c in result.checks],
+    }
+
+
+def history_record(
+    results: Sequence[TestResult], *, session_info: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One session's line: time (``finished_utc`` of ``session_info``, else now), commit,
+    hardware (keys, and GPU names and driver from the first result's provenance), target, exit
+    status, and a compact record of every measured test."""
+    info = normalized_session(session_info, results)
+    when = info.get("finished_utc") or info.get("started_utc") or datetime.now(timezone.utc)
+    git_info = info.get("git")
+    git: Mapping[str, Any] = git_info if isinstance(git_info, Mapping) else {}
+    record = {
+        "schema_version": HISTORY_SCHEMA_VERSION,
+        "time_utc": iso_utc(when, key="finished_utc"),
+        "started_utc": info.get("started_utc"),
+        "run_id": info.get("run_id"),
+        "commit": git.get("commit"),
+        "dirty": git.get("dirty"),
+        "plugin_version": info.get("plugin_version") or __version__,
+        "target": info.get("target"),
+        "hardware_keys": list(info.get("hardware_keys") or []),
+        "gpu": next((r.provenance["gpu"] for r in results if r.provenance.get("gpu")), None),
+        "exit_status": info.get("exit_status"),
+        "simulated": any(r.simulated for r in results),
+        "tests": [_test_record(r) for r in results],
+    }
+    cleaned: dict[str, Any] = finite_json(record)
+    return cleaned
+
+
+# --------------------------------------------------------------------------- append
+
+
+def append_history(path: Path, record: Mapping[str, Any], *, lock_timeout: float = 60.0) -> None:
+    """Append ``record`` as one line to the JSON-lines file ``path`` (created with its parent
+    directories). Safe against concurrent appenders, see the module docstring."""
+    path = Path(path)
+    if not isinstance(record, Mapping) or record.get("schema_version") != HISTORY_SCHEMA_VERSION:
+        raise HistoryError(
+            f"refusing to append to {path}: the record is not a history record of schema "
+            f"version {HISTORY_SCHEMA_VERSION} (build it with history_record())"
+        )
+    try:
+        line = json.dumps(finite_json(record), separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise HistoryError(f"refusing to append to {path}: the record is not JSON: {exc}") from exc
+    data = (line + "\n").encode("utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(str(path) + ".lock", timeout=lock_timeout)
+        with lock:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    data = b"\n" + data  # a torn last line stays separate (and is reported)
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except filelock.Timeout as exc:
+        raise HistoryError(
+            f"could not lock {path}.lock within {lock_timeout:g} s to append the session's "
+            "history; another process holds it. If none is running, delete the lock file"
+        ) from exc
+    except OSError as exc:
+        raise HistoryError(
+            f"could not append the session's history to {path}: {exc}; check the path "
+            "(--specdecode-history) and its permissions"
+        ) from exc
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+# --------------------------------------------------------------------------- read
+
+
+def read_history(
+    path: Path, *, on_bad_line: Callable[[HistoryError], None] | None = None
+) -> list[dict[str, Any]]:
+    """Every record of ``path``, in file order. A line that is not a valid record raises
+    :class:`HistoryError` naming the file and line, unless ``on_bad_line`` is given: then it
+    receives that error and the line is left out. Blank lines are not records and are passed
+    over."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise HistoryError(
+            f"history file {path} does not exist; a session writes it when run with "
+            "--specdecode-history PATH"
+        ) from None
+    except OSError as exc:
+        raise HistoryError(f"cannot read history file {path}: {exc}") from exc
+    records = []
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(parse_record(line, where=f"{path}:{number}"))
+        except HistoryError as exc:
+            if on_bad_line is None:
+                raise
+            on_bad_line(exc)
+    return records
+
+
+def parse_record(line: bytes | str, *, where: str) -> dict[str, Any]:
+    """One history line, checked enough that the trend code can trust its shape."""
+    try:
+        data = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HistoryError(f"{where}: not JSON ({exc}); {_REMEDY}") from None
+    if not isinstance(data, dict):
+        raise HistoryError(f"{where}: a {type(data).__name__}, not a JSON object; {_REMEDY}")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise HistoryError(f"{where}: no integer 'schema_version'; {_REMEDY}")
+    if version > HISTORY_SCHEMA_VERSION:
+        raise HistoryError(
+            f"{where}: schema version {version} was written by a newer pytest-specdecode; this "
+            f"one ({__version__}) reads version {HISTORY_SCHEMA_VERSION}: upgrade it"
+        )
+    if version != HISTORY_SCHEMA_VERSION:
+        raise HistoryError(f"{where}: unknown schema version {version}; {_REMEDY}")
+    time_text = data.get("time_utc")
+    try:
+        parse_iso(str(time_text))
+    except ValueError:
+        raise HistoryError(f"{where}: 'time_utc' {time_text!r} is not an ISO 8601 time") from None
+    tests = data.get("tests")
+    if not isinstance(tests, list):
+        raise HistoryError(f"{where}: 'tests' must be a list; {_REMEDY}")
+    outcomes = {o.value for o in Outcome}
+    for index, test in enumerate(tests):
+        spot = f"{where}: tests[{index}]"
+        if not isinstance(test, dict):
+            raise HistoryError(f"{spot} is not an object; {_REMEDY}")
+        for key in ("test_id", "profile", "outcome", "hardware_key"):
+            if not isinstance(test.get(key), str):
+                raise HistoryError(f"{spot} has no string {key!r}; {_REMEDY}")
+        if test["outcome"] not in outcomes:
+            raise HistoryError(
+                f"{spot}: outcome {test['outcome']!r} is not one of {sorted(outcomes)}; {_REMEDY}"
+            )
+        if not isinstance(test.get("metrics"), dict) or not isinstance(test.get("checks"), list):
+            raise HistoryError(f"{spot} needs a 'metrics' object and a 'checks' list; {_REMEDY}")
+        for name, summary in test["metrics"].items():
+            if not isinstance(summary, dict) or not _is_number(summary.get("mean")):
+                raise HistoryError(f"{spot}.metrics[{name!r}] has no numeric 'mean'; {_REMEDY}")
+        for c_index, check in enumerate(test["checks"]):
+            if not isinstance(check, dict) or not isinstance(check.get("metric"), str):
+                raise HistoryError(f"{spot}.checks[{c_index}] has no 'metric'; {_REMEDY}")
+    return data
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

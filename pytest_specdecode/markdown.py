@@ -1,0 +1,208 @@
+"""The session's Markdown summary, for ``$GITHUB_STEP_SUMMARY`` or a file.
+
+GitHub-flavoured Markdown: a heading, a SIMULATED warning when any figure is simulated, the
+outcome counts, the results table with the same columns and wording as the terminal table
+(:func:`pytest_specdecode.report.results_table`), then the verdict paragraphs of every test that
+failed, was inconclusive, had no baseline or a mismatched one, and the warnings of any test.
+
+Free text (verdict paragraphs, warnings, table cells) is escaped so that ``*``, ``<`` or a
+``|`` in a parametrised test id render literally. GitHub refuses step summaries over 1 MiB, so
+the details are cut, with a note saying so, when the text would exceed ``max_bytes``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from pytest_specdecode.report import SIMULATED_BANNER, mean_ci
+from pytest_specdecode.reports import atomic_write_text
+from pytest_specdecode.session import TestResult
+from pytest_specdecode.verdict import Outcome
+
+TABLE_HEADERS = (
+    "test",
+    "profile",
+    "tok/s (95% CI)",
+    "vs baseline",
+    "accept len",
+    "runs",
+    "verdict",
+)
+"""The columns of :func:`pytest_specdecode.report.results_table`."""
+
+DETAILED = (Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.NO_BASELINE, Outcome.MISMATCH)
+"""Outcomes whose verdict paragraphs the summary spells out."""
+
+MAX_SUMMARY_BYTES = 1_000_000  # GitHub's limit per step summary is 1 MiB
+
+# Characters GFM could read as markup; "_" only where it may open or close emphasis (GFM never
+# treats an underscore between two letters or digits as emphasis, so test_ids stay readable).
+_SPECIAL = re.compile(r"[\\`*<>|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+
+
+def escape(text: str) -> str:
+    """``text`` with the characters Markdown would interpret backslash-escaped."""
+    return _SPECIAL.sub(lambda m: "\\" + m.group(0), text)
+
+
+def code(text: str) -> str:
+    """``text`` as an inline code span, whatever backticks it contains."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+# --------------------------------------------------------------------------- table cells
+
+
+def short_id(test_id: str) -> str:
+    return test_id.split("::", 1)[-1]
+
+
+def _tok_s(result: TestResult) -> str:
+    values = result.samples.get("tok_s")
+    if not values:
+        return "-"
+    mean, half = mean_ci(values)
+    return f"{mean:.1f}" if half is None else f"{mean:.1f} ± {half:.1f}"
+
+
+def _change(checks: Sequence[Mapping[str, Any]]) -> str:
+    for check in checks:
+        if check["metric"] == "tok_s" and check["reference"] is None and "ratio" in check:
+            ratio, low, high = check["ratio"], check["ci_low"], check["ci_high"]
+            return f"{ratio - 1:+.1%} [{low - 1:+.1%}, {high - 1:+.1%}]"
+    return "-"
+
+
+def _accept(result: TestResult) -> str:
+    values = result.samples.get("accept_length")
+    if not values:
+        return "-"
+    return f"{sum(values) / len(values):.2f}"
+
+
+def _verdict(result: TestResult) -> str:
+    text = result.outcome.value.upper()
+    for check in result.checks:
+        if check["reference"] is not None and check.get("verdict"):
+            text += (
+                f"; vs {check['reference']} {check['ratio'] - 1:+.1%} {check['verdict'].upper()}"
+            )
+    return text
+
+
+def table_rows(results: Sequence[TestResult]) -> list[list[str]]:
+    """The table's cells, unescaped: one row per result, columns :data:`TABLE_HEADERS`."""
+    return [
+        [
+            short_id(result.test_id),
+            result.profile + (" (simulated)" if result.simulated else ""),
+            _tok_s(result),
+            _change(result.checks),
+            _accept(result),
+            str(result.runs),
+            _verdict(result),
+        ]
+        for result in results
+    ]
+
+
+def markdown_table(results: Sequence[TestResult]) -> str:
+    rows = [[escape(cell) for cell in row] for row in table_rows(results)]
+    return tabulate(rows, headers=list(TABLE_HEADERS), tablefmt="github", disable_numparse=True)
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def _counts(results: Sequence[TestResult]) -> str:
+    parts = []
+    for outcome in Outcome:
+        n = sum(1 for r in results if r.outcome is outcome)
+        if n:
+            parts.append(f"{n} {outcome.value}")
+    noun = "test" if len(results) == 1 else "tests"
+    return f"**{len(results)} {noun}**: " + ", ".join(parts)
+
+
+def _detail(result: TestResult) -> list[str]:
+    lines = [
+        f"#### {code(short_id(result.test_id))} ({escape(result.profile)}): "
+        f"{result.outcome.value.upper()}",
+        "",
+        f"Test id: {code(result.test_id)}; hardware {code(result.hardware_key)}; "
+        f"{result.runs} runs.",
+        "",
+    ]
+    for paragraph in result.message.split("\n\n"):
+        text = " ".join(line.strip() for line in paragraph.splitlines() if line.strip())
+        if text:
+            lines += [f"- {escape(text)}", ""]
+    return lines
+
+
+def _warnings(result: TestResult) -> list[str]:
+    head = f"{code(short_id(result.test_id))} ({escape(result.profile)})"
+    return [f"- {head}: {escape(' '.join(w.split()))}" for w in result.warnings]
+
+
+def markdown_summary(
+    results: Sequence[TestResult],
+    *,
+    title: str = "pytest-specdecode",
+    max_bytes: int = MAX_SUMMARY_BYTES,
+) -> str:
+    """The summary as GitHub-flavoured Markdown, ending with a newline."""
+    head = [f"## {escape(title)}", ""]
+    if not results:
+        return "\n".join([*head, "No specdecode test was measured in this session.", ""])
+    if any(r.simulated for r in results):
+        head += ["> [!WARNING]", f"> {escape(SIMULATED_BANNER)}.", ""]
+    head += [_counts(results), "", markdown_table(results), ""]
+
+    sections: list[list[str]] = []
+    notable = [r for r in results if r.outcome in DETAILED]
+    if notable:
+        sections.append(["### Failed, inconclusive or not compared", ""])
+        sections.extend(_detail(r) for r in notable)
+    warned = [line for r in results for line in _warnings(r)]
+    if warned:
+        sections.append(["### Warnings", "", *warned, ""])
+
+    text = "\n".join(head)
+    limit = max_bytes - 200  # room for the truncation note
+    for index, section in enumerate(sections):
+        chunk = "\n".join(section)
+        if len((text + "\n" + chunk).encode()) > limit:
+            left = len(sections) - index
+            text += (
+                f"\n_Summary cut at {max_bytes} bytes (GitHub's step-summary limit): {left} "
+                "more section(s) are in the terminal output and the JSON report._\n"
+            )
+            break
+        text += "\n" + chunk
+    return text.rstrip("\n") + "\n"
+
+
+def write_markdown(path: Path, text: str, *, append: bool) -> None:
+    """Append ``text`` (``$GITHUB_STEP_SUMMARY``, which other steps also write) or replace
+    the file with it (a path the user asked for). Parent directories are created."""
+    path = Path(path)
+    if not text.endswith("\n"):
+        text += "\n"
+    if not append:
+        atomic_write_text(path, text)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+", encoding="utf-8", newline="\n") as handle:
+        handle.seek(0, 2)
+        if handle.tell() > 0:
+            text = "\n" + text  # a blank line keeps our heading out of the previous paragraph
+        handle.write(text)

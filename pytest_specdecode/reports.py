@@ -1,0 +1,358 @@
+"""Machine-readable output of a session: the JSON report and the JUnit properties of a test.
+
+The JSON report (``--specdecode-report PATH``) holds every measured test with its raw samples,
+checks and verdicts, fingerprint and provenance, plus a per-metric summary (n, mean, std, CV and
+the 95% t confidence interval of the mean). Its layout is versioned
+(:data:`REPORT_SCHEMA_VERSION`) and described by ``schemas/report.schema.json`` and
+``docs/reports.md``.
+
+Decisions where the design was silent:
+
+* Secrets are redacted once more on the way out, in each test's fingerprint and provenance and in
+  the pytest arguments (values under secret-looking keys, ``NAME=value`` strings, ``--secret-flag
+  value`` pairs, whether split over two list items or joined in one string as a fingerprint's
+  ``extra_args`` holds them), so a profile's ``--api-key`` never reaches a CI page.
+* Non-finite numbers (NaN, infinity) are written as ``null``: strict JSON has no spelling for
+  them, and a report that cannot be written at the end of a nightly run helps nobody.
+* Values stay in base units (seconds, tokens per second); the report's ``metrics`` object carries
+  each metric's display unit and scale for readers that want milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import statistics
+import tempfile
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from scipy import stats as scipy_stats
+
+from pytest_specdecode import __version__
+from pytest_specdecode.baselines import REDACTED, is_secret_name
+from pytest_specdecode.metrics import METRICS
+from pytest_specdecode.session import TestResult
+from pytest_specdecode.verdict import Outcome
+
+REPORT_SCHEMA_VERSION = 1
+"""Version of the JSON report layout; bumped when a reader of the old layout would misread the
+new one (added optional fields do not bump it)."""
+
+REPORT_KIND = "pytest-specdecode report"
+SCHEMA_DIR = Path(__file__).parent / "schemas"
+REPORT_SCHEMA_PATH = SCHEMA_DIR / "report.schema.json"
+
+SESSION_KEYS = (
+    "started_utc",
+    "finished_utc",
+    "duration_s",
+    "plugin_version",
+    "target",
+    "hardware_keys",
+    "pytest_args",
+    "exit_status",
+    "run_id",
+    "git",
+)
+"""The keys of ``session_info`` this module knows; others are copied through unchanged."""
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def metric_summary(values: Sequence[float], confidence: float = 0.95) -> dict[str, float | None]:
+    """n, mean, std (ddof=1), CV and the t confidence interval of the mean of one metric's
+    per-run values. With one run, std, CV and the interval are ``None`` (not measured)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("a metric summary needs at least one value")
+    mean = statistics.fmean(values)
+    if n < 2:
+        return {"n": n, "mean": mean, "std": None, "cv": None, "ci95_low": None, "ci95_high": None}
+    std = statistics.stdev(values)
+    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
+    return {
+        "n": n,
+        "mean": mean,
+        "std": std,
+        "cv": std / abs(mean) if mean else None,
+        "ci95_low": mean - half,
+        "ci95_high": mean + half,
+    }
+
+
+def finite_json(value: Any) -> Any:
+    """A copy of JSON-shaped data with NaN and infinities replaced by ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------- redaction
+
+_ASSIGNMENT = re.compile(r"^(-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)=(.*)$", re.DOTALL)
+_FLAG_AND_VALUE = re.compile(r"^(--?[A-Za-z0-9][A-Za-z0-9_.-]*)(\s+)(\S.*)$", re.DOTALL)
+
+
+def redact_json(value: Any) -> Any:
+    """Redact secrets anywhere in JSON-shaped data: values under secret-looking keys,
+    ``NAME=secret`` and ``--secret-flag secret`` strings, and ``["--api-key", "secret"]``
+    pairs in lists (argv)."""
+    if isinstance(value, Mapping):
+        return {
+            str(key): REDACTED if is_secret_name(str(key)) else redact_json(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        out: list[Any] = []
+        hide_next = False  # the previous item was a bare secret flag such as --api-key
+        for item in value:
+            is_flag = isinstance(item, str) and item.startswith("-")
+            out.append(REDACTED if hide_next and not is_flag else redact_json(item))
+            bare_flag = is_flag and "=" not in item and len(str(item).split()) == 1
+            hide_next = bare_flag and is_secret_name(str(item))
+        return out
+    if isinstance(value, str):
+        match = _ASSIGNMENT.match(value)
+        if match and is_secret_name(match.group(1)):
+            return f"{match.group(1)}={REDACTED}"
+        match = _FLAG_AND_VALUE.match(value)
+        if match and is_secret_name(match.group(1)):
+            return f"{match.group(1)}{match.group(2)}{REDACTED}"
+    return value
+
+
+# --------------------------------------------------------------------------- session info
+
+
+def iso_utc(value: datetime | str, *, key: str = "time") -> str:
+    """A datetime or ISO 8601 string as ``YYYY-MM-DDTHH:MM:SSZ`` (naive datetimes are UTC)."""
+    if isinstance(value, str):
+        try:
+            moment = parse_iso(value)
+        except ValueError:
+            raise ValueError(
+                f"session_info[{key!r}] = {value!r} is not an ISO 8601 time; pass a datetime or "
+                "a string such as '2026-11-29T03:00:00Z'"
+            ) from None
+    else:
+        moment = value
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    text = moment.astimezone(timezone.utc).isoformat(timespec="seconds")
+    return text.replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> datetime:
+    """Parse ISO 8601 including a trailing ``Z`` (Python 3.10's fromisoformat lacks it)."""
+    moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def make_session_info(
+    *,
+    started: datetime,
+    finished: datetime,
+    target: str | None,
+    pytest_args: Sequence[str],
+    exit_status: int,
+    run_id: str | None = None,
+    hardware_keys: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The ``session_info`` mapping :func:`build_report` and ``history_record`` expect."""
+    info: dict[str, Any] = {
+        "started_utc": iso_utc(started, key="started"),
+        "finished_utc": iso_utc(finished, key="finished"),
+        "duration_s": round((finished - started).total_seconds(), 3),
+        "plugin_version": __version__,
+        "target": target,
+        "pytest_args": list(pytest_args),
+        "exit_status": int(exit_status),
+        "run_id": run_id,
+    }
+    if hardware_keys is not None:
+        info["hardware_keys"] = sorted(set(hardware_keys))
+    return info
+
+
+def normalized_session(
+    session_info: Mapping[str, Any], results: Sequence[TestResult]
+) -> dict[str, Any]:
+    """``session_info`` with times in ISO UTC, secrets redacted and the gaps filled from the
+    results: plugin version, hardware keys, and the git commit from the first result's
+    provenance."""
+    info: dict[str, Any] = dict(session_info)
+    for key in ("started_utc", "finished_utc"):
+        if info.get(key) is not None:
+            info[key] = iso_utc(info[key], key=key)
+    args = info.get("pytest_args")
+    if args is not None:
+        if isinstance(args, str) or not isinstance(args, Sequence):
+            raise ValueError(
+                f"session_info['pytest_args'] = {args!r} must be a list of strings "
+                "(the invocation's arguments, e.g. config.invocation_params.args)"
+            )
+        info["pytest_args"] = [str(a) for a in args]
+    info.setdefault("plugin_version", __version__)
+    if info.get("hardware_keys") is None:
+        info["hardware_keys"] = sorted({r.hardware_key for r in results})
+    if info.get("git") is None:
+        info["git"] = next(
+            (r.provenance["git"] for r in results if isinstance(r.provenance.get("git"), Mapping)),
+            None,
+        )
+    if info.get("pytest_args") is not None:
+        info["pytest_args"] = redact_json(info["pytest_args"])
+    for key in SESSION_KEYS:
+        info.setdefault(key, None)
+    return info
+
+
+# --------------------------------------------------------------------------- JSON report
+
+
+def metrics_registry() -> dict[str, dict[str, Any]]:
+    """Label, display unit, display scale and direction of every metric."""
+    return {
+        name: {
+            "label": info.label,
+            "unit": info.unit,
+            "display_scale": info.display_scale,
+            "higher_is_better": info.higher_is_better,
+        }
+        for name, info in METRICS.items()
+    }
+
+
+def outcome_counts(results: Sequence[TestResult]) -> dict[str, int]:
+    counts = {outcome.value: 0 for outcome in Outcome}
+    for result in results:
+        counts[result.outcome.value] += 1
+    return {"total": len(results), **counts}
+
+
+def report_entry(result: TestResult) -> dict[str, Any]:
+    """One test of the report: ``TestResult.to_json()`` plus ``runs`` and ``summary``."""
+    entry = result.to_json()
+    # Only these two carry configuration text; blanket redaction would hide "hardware_key".
+    entry["fingerprint"] = redact_json(entry["fingerprint"])
+    entry["provenance"] = redact_json(entry["provenance"])
+    entry["runs"] = result.runs
+    entry["summary"] = {
+        name: metric_summary(values) for name, values in result.samples.items() if values
+    }
+    return entry
+
+
+def build_report(
+    results: Sequence[TestResult], *, session_info: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The JSON report of one session (layout: ``docs/reports.md``, ``report.schema.json``)."""
+    report = {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "kind": REPORT_KIND,
+        "generator": f"pytest-specdecode {__version__}",
+        "session": normalized_session(session_info, results),
+        "simulated": any(r.simulated for r in results),
+        "counts": outcome_counts(results),
+        "metrics": metrics_registry(),
+        "tests": [report_entry(r) for r in results],
+    }
+    cleaned: dict[str, Any] = finite_json(report)
+    return cleaned
+
+
+def write_report(path: Path, report: Mapping[str, Any]) -> None:
+    """Write ``report`` as indented JSON, atomically (temporary file, then ``os.replace``)."""
+    try:
+        text = json.dumps(finite_json(report), indent=2, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the report for {path} is not JSON data: {exc}") from exc
+    atomic_write_text(Path(path), text)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so a reader sees the old file or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp_name, 0o644)
+        os.replace(temp_name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_name)
+        raise
+
+
+# --------------------------------------------------------------------------- JUnit
+
+
+def _number(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, int | float) and not isinstance(value, bool) else ""
+
+
+def _interval(low: Any, high: Any) -> str:
+    if low is None or high is None:
+        return ""
+    return f"[{_number(low)}, {_number(high)}]"
+
+
+def _property_part(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "unnamed"
+
+
+def check_key(check: Mapping[str, Any]) -> str:
+    """``tok_s`` for a check against the test's own baseline, ``tok_s_vs_nospec-nccl`` for
+    one against another profile's baseline."""
+    metric = str(check.get("metric"))
+    reference = check.get("reference")
+    return metric if reference is None else f"{metric}_vs_{_property_part(str(reference))}"
+
+
+def junit_properties(result: TestResult) -> list[tuple[str, str]]:
+    """Name/value pairs for ``record_property``: profile, outcome, simulated, runs, per metric
+    the mean and its 95% CI (base units: tok/s, tokens/step, seconds), and per check its ratio,
+    CI of the ratio, margin and verdict (``not compared`` plus the problem when there was no
+    comparison)."""
+    props: list[tuple[str, str]] = [
+        ("specdecode_profile", result.profile),
+        ("specdecode_outcome", result.outcome.value),
+        ("specdecode_simulated", "true" if result.simulated else "false"),
+        ("specdecode_runs", str(result.runs)),
+        ("specdecode_hardware_key", result.hardware_key),
+        ("specdecode_fingerprint", result.fingerprint.digest),
+    ]
+    for name in METRICS:
+        values = result.samples.get(name)
+        if not values:
+            continue
+        summary = metric_summary(values)
+        props.append((f"specdecode_{name}_mean", _number(summary["mean"])))
+        props.append(
+            (f"specdecode_{name}_ci", _interval(summary["ci95_low"], summary["ci95_high"]))
+        )
+    for check in result.checks:
+        prefix = f"specdecode_check_{check_key(check)}"
+        props.append((f"{prefix}_margin", f"{check.get('margin', 0.0):+g}"))
+        if check.get("ratio") is None:
+            props.append((f"{prefix}_verdict", "not compared"))
+            props.append((f"{prefix}_problem", str(check.get("problem") or "")))
+            continue
+        props.append((f"{prefix}_ratio", _number(check["ratio"])))
+        props.append((f"{prefix}_ci", _interval(check.get("ci_low"), check.get("ci_high"))))
+        props.append((f"{prefix}_verdict", str(check.get("verdict"))))
+    return props
