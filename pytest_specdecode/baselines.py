@@ -27,32 +27,22 @@ Decisions where the design was silent:
 
 from __future__ import annotations
 
-import contextlib
-import fnmatch
 import hashlib
 import json
 import math
-import os
-import platform
-import re
-import socket
-import stat
 import statistics
 import string
-import subprocess
-import tempfile
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import filelock
 
 from pytest_specdecode import __version__
-from pytest_specdecode.errors import BaselineError, ConfigError
+from pytest_specdecode.errors import BaselineError
+from pytest_specdecode.files import atomic_write_text, move_aside, remove_stale_temp_files
 from pytest_specdecode.fingerprint import FieldDifference, Fingerprint, JSONValue
+from pytest_specdecode.redaction import redact_json
 
 SCHEMA_VERSION = 1
 """Version of the baseline file layout; bumped whenever a reader of the old layout would
@@ -61,32 +51,6 @@ misread the new one."""
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "baseline.schema.json"
 """JSON Schema (draft 2020-12) of a baseline file, for editors and CI; the package itself
 validates with :meth:`BaselineRecord.from_json`."""
-
-REDACTED = "<redacted>"
-
-SPEED_ENV_PATTERNS: tuple[str, ...] = (
-    # Collective communication: the seed's 62.9 vs 88.8 tok/s came from losing these.
-    "NCCL_*",
-    "NVSHMEM_*",
-    # Server, runtime and kernel tuning.
-    "SGLANG_*",
-    "CUDA_*",
-    "CUBLAS_*",
-    "CUBLASLT_*",
-    "CUDNN_*",
-    "TORCH_*",
-    "PYTORCH_*",
-    "TORCHINDUCTOR_*",
-    "TRITON_*",
-    "FLASHINFER_*",
-    # CPU-side threads used by tokenisation and the scheduler.
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "TOKENIZERS_PARALLELISM",
-)
-"""Environment variable names (``fnmatch`` globs) whose values can change measured speed and
-are therefore recorded in provenance. ``HF_*`` is deliberately absent: ``HF_HUB_OFFLINE`` and
-friends change how a model is fetched, not how fast it decodes, and ``HF_TOKEN`` lives there."""
 
 METRIC_UNITS: Mapping[str, str] = {
     "tok_s": "tok/s",
@@ -158,63 +122,6 @@ class MetricSamples:
 
 # --------------------------------------------------------------------------- redaction
 
-# TOKEN matches HF_TOKEN or GITHUB_TOKEN but not MAX_TOKENS, NUM_DRAFT_TOKENS or
-# TOKENIZERS_PARALLELISM: those are speed settings, and redacting a hard fingerprint field
-# would make a real configuration change invisible.
-_SECRET_NAME = re.compile(
-    r"TOKEN(?!S|IZER)|SECRET|KEY|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTHORIZATION|COOKIE",
-    re.IGNORECASE,
-)
-_ASSIGNMENT = re.compile(r"^(-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)=(.*)$", re.DOTALL)
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a variable, key or flag name looks like it holds a secret (case-insensitive:
-    *TOKEN* except *TOKENS*/*TOKENIZER*, *SECRET*, *KEY*, *PASSWORD*, *PASSWD*, *PASSPHRASE*,
-    *CREDENTIAL*, *AUTHORIZATION*, *COOKIE*)."""
-    return _SECRET_NAME.search(name) is not None
-
-
-def redact(env: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``env`` whose secret-looking names have the value ``"<redacted>"``."""
-    return {name: REDACTED if is_secret_name(name) else value for name, value in env.items()}
-
-
-def speed_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``env`` matching :data:`SPEED_ENV_PATTERNS`, redacted, sorted by name."""
-    chosen = {
-        name: value
-        for name, value in env.items()
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in SPEED_ENV_PATTERNS)
-    }
-    return dict(sorted(redact(chosen).items()))
-
-
-def _redact_json(value: JSONValue) -> JSONValue:
-    """Redact secrets anywhere in JSON-shaped data: object keys, ``NAME=value`` strings and
-    ``--secret-flag value`` pairs in lists (argv and docker-style env lists)."""
-    if isinstance(value, Mapping):
-        return {
-            key: REDACTED if is_secret_name(str(key)) else _redact_json(item)
-            for key, item in value.items()
-        }
-    if isinstance(value, list | tuple):
-        out: list[JSONValue] = []
-        hide_next = False  # the previous item was a flag like --api-key
-        for item in value:
-            is_flag = isinstance(item, str) and item.startswith("-")
-            if hide_next and not is_flag:
-                out.append(REDACTED)
-            else:
-                out.append(_redact_json(item))
-            hide_next = is_flag and "=" not in item and is_secret_name(item)
-        return out
-    if isinstance(value, str):
-        match = _ASSIGNMENT.match(value)
-        if match and is_secret_name(match.group(1)):
-            return f"{match.group(1)}={REDACTED}"
-    return value
-
 
 def _json_copy(value: JSONValue, what: str) -> JSONValue:
     try:
@@ -224,7 +131,7 @@ def _json_copy(value: JSONValue, what: str) -> JSONValue:
 
 
 def _redacted_fingerprint(fingerprint: Fingerprint) -> Fingerprint:
-    return Fingerprint(hard=_redact_json(fingerprint.hard), soft=_redact_json(fingerprint.soft))
+    return Fingerprint(hard=redact_json(fingerprint.hard), soft=redact_json(fingerprint.soft))
 
 
 # --------------------------------------------------------------------------- the record
@@ -259,7 +166,7 @@ class BaselineRecord:
                 raise ValueError(f"samples[{name!r}]: {exc}") from exc
         object.__setattr__(self, "samples", samples)
         provenance = _json_copy(dict(self.provenance), "provenance")
-        object.__setattr__(self, "provenance", _redact_json(provenance))
+        object.__setattr__(self, "provenance", redact_json(provenance))
         object.__setattr__(self, "fingerprint", _redacted_fingerprint(self.fingerprint))
         object.__setattr__(self, "created_unix", float(self.created_unix))
 
@@ -721,9 +628,9 @@ class BaselineStore:
         lock_path = Path(f"{path}.lock")
         try:
             with filelock.FileLock(lock_path, timeout=self.lock_timeout):
-                _remove_stale_temp_files(path)
+                remove_stale_temp_files(path)
                 old, moved_aside, reason = self._take_old(path, record)
-                _atomic_write(path, text)
+                atomic_write_text(path, text)
         except filelock.Timeout as exc:
             raise BaselineError(
                 f"could not lock {lock_path} within {self.lock_timeout:g} s: another process "
@@ -772,7 +679,7 @@ class BaselineStore:
             old = self._read(path, hardware_key=record.hardware_key, test_id=record.test_id)
         except BaselineFileError as exc:
             try:
-                moved = _move_aside(path)
+                moved = move_aside(path)
             except OSError as move_error:
                 raise BaselineError(
                     f"{exc.problem}; it could not be moved aside ({move_error}), so nothing was "
@@ -837,213 +744,3 @@ def _refuse_noisy(
             "anyway, pass --specdecode-force-baseline.",
             path=str(path),
         )
-
-
-_TEMP_SUFFIX = ".tmp"
-_MKSTEMP_PART = re.compile(r"[a-z0-9_]{8}")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    # An existing file's permissions survive the replace; a new file gets rw-r--r-- (mkstemp's
-    # 0600 would hide a baseline meant for the whole team).
-    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TEMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp_name, mode)
-        os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_name)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename itself durable; not every platform can open a directory."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_stale_temp_files(path: Path) -> None:
-    """Temp files of ``path`` left by a writer that died. Only called under the file's lock,
-    which every writer holds from creating its temp file to replacing, so none is in use."""
-    prefix = f".{path.name}."
-    for candidate in path.parent.iterdir():
-        name = candidate.name
-        random_part = name[len(prefix) : -len(_TEMP_SUFFIX)]
-        if (
-            name.startswith(prefix)
-            and name.endswith(_TEMP_SUFFIX)
-            and _MKSTEMP_PART.fullmatch(random_part)
-        ):
-            with contextlib.suppress(OSError):
-                candidate.unlink()
-
-
-def _move_aside(path: Path) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    target = path.with_name(f"{path.name}.corrupt-{stamp}")
-    counter = 1
-    while target.exists():
-        target = path.with_name(f"{path.name}.corrupt-{stamp}-{counter}")
-        counter += 1
-    os.rename(path, target)
-    return target
-
-
-# --------------------------------------------------------------------------- hardware
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    """The GPUs of this machine as ``nvidia-smi`` reports them."""
-
-    names: tuple[str, ...]
-    driver: str | None
-
-    @property
-    def count(self) -> int:
-        return len(self.names)
-
-    def to_json(self) -> dict[str, JSONValue]:
-        return {"names": list(self.names), "count": self.count, "driver": self.driver}
-
-
-_NVIDIA_SMI = ("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader")
-
-
-def detect_gpus(
-    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
-) -> GpuInfo | None:
-    """GPU names and driver from ``nvidia-smi``; ``None`` when it is absent, fails, hangs for
-    10 s or lists nothing. Several drivers (never seen on one box) are joined with ``/``."""
-    try:
-        result = run(list(_NVIDIA_SMI), capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if result.returncode != 0:
-        return None
-    names: list[str] = []
-    drivers: set[str] = set()
-    for line in (result.stdout or "").splitlines():
-        name, sep, driver = line.rpartition(",")
-        if sep and name.strip():
-            names.append(name.strip())
-            if driver.strip():
-                drivers.add(driver.strip())
-    if not names:
-        return None
-    return GpuInfo(names=tuple(names), driver="/".join(sorted(drivers)) or None)
-
-
-def _key_part(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._+]+", "-", text).strip("-.")
-
-
-def hardware_key(
-    gpu: GpuInfo | None,
-    *,
-    simulated: bool,
-    override: str | None = None,
-    override_source: str = "--specdecode-hardware-key",
-) -> str:
-    """The directory that keeps baselines of different hardware apart.
-
-    ``override`` wins (runs of other characters than letters, digits and ``._+`` become ``-``);
-    a simulated server gives ``"simulated"`` whatever the machine; GPUs give count and name,
-    e.g. ``8xNVIDIA-RTX-PRO-6000-Blackwell-Server-Edition``, mixed models sorted and joined
-    with ``+``. Without GPUs the key is ``"cpu"``, not ``cpu-<hostname>``: baselines live in
-    git and a host name would give every CI runner its own. The caller should warn that CPU
-    machines share this key. The driver is not part of the key: a driver upgrade is what a
-    nightly run should compare across (it is a soft field). For a server on another host,
-    the local ``nvidia-smi`` says nothing: pass ``override``.
-    """
-    if override is not None:
-        key = _key_part(override)
-        if not key:
-            raise ConfigError(
-                f"hardware key {override!r} has no letters or digits; use a name such as "
-                "'8xH100' for the machine class whose baselines this run shares",
-                source=override_source,
-            )
-        return key
-    if simulated:
-        return "simulated"
-    if gpu is None or not gpu.names:
-        return "cpu"
-    counts = Counter(_key_part(name) or "unknown-gpu" for name in gpu.names)
-    return "+".join(f"{count}x{name}" for name, count in sorted(counts.items()))
-
-
-# --------------------------------------------------------------------------- provenance
-
-
-def collect_provenance(
-    *,
-    env: Mapping[str, str],
-    server_info: Mapping[str, Any] | None,
-    gpu: GpuInfo | None,
-    repo_dir: Path | None,
-    now: datetime | None = None,
-    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
-) -> dict[str, JSONValue]:
-    """Where and with what a measurement was taken, for the baseline file.
-
-    Keys: ``time_utc`` (ISO 8601), ``git`` (``{"commit", "dirty"}`` of ``repo_dir``, or
-    ``None`` outside a repository or without git; untracked files do not count as dirty),
-    ``plugin_version``, ``python_version``, ``platform``, ``hostname``, ``sglang_version``
-    (``server_info["version"]``), ``gpu`` (names, count, driver), ``env`` (the variables of
-    ``env`` matching :data:`SPEED_ENV_PATTERNS`, secrets redacted) and ``simulated``. Collect
-    it once per session, before any baseline is written, or the git state counts the
-    baselines being written as local changes.
-    """
-    info = server_info or {}
-    moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
-    version = info.get("version")
-    simulated = info.get("simulated")
-    return {
-        "time_utc": moment.isoformat(timespec="seconds").replace("+00:00", "Z"),
-        "git": _git_info(repo_dir, run) if repo_dir is not None else None,
-        "plugin_version": __version__,
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "hostname": socket.gethostname(),
-        "sglang_version": None if version is None else str(version),
-        "gpu": gpu.to_json() if gpu is not None else None,
-        "env": speed_env(env),
-        "simulated": None if simulated is None else bool(simulated),
-    }
-
-
-def _git_info(
-    repo_dir: Path, run: Callable[..., subprocess.CompletedProcess[str]]
-) -> dict[str, JSONValue] | None:
-    def git(*args: str) -> subprocess.CompletedProcess[str]:
-        return run(
-            ["git", "-C", str(repo_dir), *args],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-
-    try:
-        head = git("rev-parse", "HEAD")
-        if head.returncode != 0 or not head.stdout.strip():
-            return None
-        status = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
-    return {"commit": head.stdout.strip(), "dirty": dirty}

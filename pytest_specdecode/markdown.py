@@ -19,8 +19,8 @@ from typing import Any
 
 from tabulate import tabulate
 
+from pytest_specdecode.files import atomic_write_text
 from pytest_specdecode.report import SIMULATED_BANNER, mean_ci
-from pytest_specdecode.reports import atomic_write_text
 from pytest_specdecode.session import TestResult
 from pytest_specdecode.verdict import Outcome
 

@@ -20,13 +20,10 @@ Decisions where the design was silent:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import re
 import statistics
-import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,8 +32,9 @@ from typing import Any
 from scipy import stats as scipy_stats
 
 from pytest_specdecode import __version__
-from pytest_specdecode.baselines import REDACTED, is_secret_name
+from pytest_specdecode.files import atomic_write_text
 from pytest_specdecode.metrics import METRICS
+from pytest_specdecode.redaction import redact_json
 from pytest_specdecode.session import TestResult
 from pytest_specdecode.verdict import Outcome
 
@@ -99,38 +97,6 @@ def finite_json(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- redaction
-
-_ASSIGNMENT = re.compile(r"^(-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)=(.*)$", re.DOTALL)
-_FLAG_AND_VALUE = re.compile(r"^(--?[A-Za-z0-9][A-Za-z0-9_.-]*)(\s+)(\S.*)$", re.DOTALL)
-
-
-def redact_json(value: Any) -> Any:
-    """Redact secrets anywhere in JSON-shaped data: values under secret-looking keys,
-    ``NAME=secret`` and ``--secret-flag secret`` strings, and ``["--api-key", "secret"]``
-    pairs in lists (argv)."""
-    if isinstance(value, Mapping):
-        return {
-            str(key): REDACTED if is_secret_name(str(key)) else redact_json(item)
-            for key, item in value.items()
-        }
-    if isinstance(value, list | tuple):
-        out: list[Any] = []
-        hide_next = False  # the previous item was a bare secret flag such as --api-key
-        for item in value:
-            is_flag = isinstance(item, str) and item.startswith("-")
-            out.append(REDACTED if hide_next and not is_flag else redact_json(item))
-            bare_flag = is_flag and "=" not in item and len(str(item).split()) == 1
-            hide_next = bare_flag and is_secret_name(str(item))
-        return out
-    if isinstance(value, str):
-        match = _ASSIGNMENT.match(value)
-        if match and is_secret_name(match.group(1)):
-            return f"{match.group(1)}={REDACTED}"
-        match = _FLAG_AND_VALUE.match(value)
-        if match and is_secret_name(match.group(1)):
-            return f"{match.group(1)}{match.group(2)}{REDACTED}"
-    return value
-
 
 # --------------------------------------------------------------------------- session info
 
@@ -279,23 +245,6 @@ def write_report(path: Path, report: Mapping[str, Any]) -> None:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"the report for {path} is not JSON data: {exc}") from exc
     atomic_write_text(Path(path), text)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so a reader sees the old file or the new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp_name, 0o644)
-        os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_name)
-        raise
 
 
 # --------------------------------------------------------------------------- JUnit

@@ -18,23 +18,18 @@ import pytest
 
 from pytest_specdecode import __version__
 from pytest_specdecode.baselines import (
-    REDACTED,
     SCHEMA_PATH,
     SCHEMA_VERSION,
     BaselineRecord,
     BaselineStore,
     BaselineUpdate,
-    GpuInfo,
     MetricSamples,
     check_fingerprint,
-    collect_provenance,
-    detect_gpus,
-    hardware_key,
-    is_secret_name,
-    redact,
 )
 from pytest_specdecode.errors import BaselineError, ConfigError
 from pytest_specdecode.fingerprint import Fingerprint
+from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpus, hardware_key
+from pytest_specdecode.redaction import REDACTED, is_secret_name, redact
 
 TEST_ID = "perf_tests/test_seed.py::test_eagle3_2step"
 HW = "8xNVIDIA-RTX-PRO-6000-Blackwell"

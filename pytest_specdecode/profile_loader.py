@@ -1,0 +1,615 @@
+"""Reading and validating a profile file: every key checked, every error naming the file, the
+table, the key, the bad value and what is allowed. The types it builds, and what is derived from
+a profile, live in :mod:`pytest_specdecode.profiles`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.profiles import (
+    _ENV_NAME,
+    _NAME,
+    _SECRET_ENV,
+    _SHM_SIZE,
+    DEFAULT_HOST,
+    DEFAULT_LAUNCHER,
+    DEFAULT_SHM_SIZE,
+    DEFAULT_STARTUP_TIMEOUT,
+    DEFAULT_WARMUP_REQUESTS,
+    DOCKER_NETWORKS,
+    DRAFT_FREE_ALGORITHMS,
+    ECHOED_FLAGS,
+    FIRST_CLASS_FLAGS,
+    LAUNCHERS,
+    PROFILE_KEYS,
+    SGLANG_OVERWRITTEN_ENV,
+    SIMULATED_LAUNCHERS,
+    SPEC_ALGORITHMS,
+    SPECULATIVE_KEYS,
+    TARGET_REAL,
+    TOP_LEVEL_KEYS,
+    DockerOptions,
+    FrozenMap,
+    ProfileFile,
+    ServerProfile,
+    Speculative,
+    flag_groups,
+)
+
+# tomllib is stdlib from 3.11; the package depends on tomli for 3.10. Imported by name so the
+# type checker (configured for 3.10) does not need tomli installed.
+_toml: Any = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def load(path: Path, *, target: str = TARGET_REAL) -> ProfileFile:
+    """See :func:`pytest_specdecode.profiles.load_profiles`."""
+    data = _read_toml(path)
+    return _Loader(path, data).load(target)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"server profile file {str(path)!r} does not exist; point to another with "
+            "--specdecode-config PATH or the ini key specdecode_config (see "
+            "perf_tests/specdecode.toml in pytest-specdecode for an example)"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the server profile file: {exc}", source=str(path)) from None
+    try:
+        data: dict[str, Any] = _toml.loads(text)
+    except _toml.TOMLDecodeError as exc:  # the message carries "(at line L, column C)"
+        raise ConfigError(f"is not valid TOML: {exc}", source=str(path)) from None
+    return data
+
+
+class _Loader:
+    """One pass over one parsed file; collects warnings instead of printing them."""
+
+    def __init__(self, path: Path, data: Mapping[str, Any]) -> None:
+        self.path = path
+        self.file = str(path)
+        self.data = data
+        self.warnings: list[str] = []
+        self.env_sets: dict[str, FrozenMap] = {}
+
+    def where(self, section: str) -> str:
+        return f"{self.file} [{section}]"
+
+    def load(self, target: str) -> ProfileFile:
+        _check_keys(self.data, TOP_LEVEL_KEYS, self.file, what="top-level table")
+        self.env_sets = {
+            name: self._env_set(name, table)
+            for name, table in self._tables("env", "env set").items()
+        }
+        defaults = self._layer(self.data.get("defaults", {}), "defaults")
+        overlays = {
+            name: self._layer(table, f"targets.{name}")
+            for name, table in self._tables("targets", "target").items()
+        }
+        if TARGET_REAL in overlays:
+            raise ConfigError(
+                f"the target name {TARGET_REAL!r} is reserved (it means: no overlay); "
+                "rename the table",
+                source=self.where(f"targets.{TARGET_REAL}"),
+            )
+        targets = (TARGET_REAL, *overlays)
+        if target not in targets:
+            raise ConfigError(
+                f"unknown target {target!r}{_did_you_mean(target, targets)}; this file defines "
+                f"{', '.join(repr(t) for t in targets)} (add a [targets.{target}] table to "
+                "define it)",
+                source=self.file,
+            )
+        tables = self._tables("profiles", "profile")
+        chosen: dict[str, ServerProfile] = {}
+        for name, table in tables.items():
+            if not _NAME.match(name):
+                raise ConfigError(
+                    f"profile name {name!r} is not allowed: use letters, digits, '-', '_' "
+                    "and '.', starting with a letter or digit (it names log files and "
+                    "containers)",
+                    source=self.where(f"profiles.{name}"),
+                )
+            own = self._layer(table, f"profiles.{name}")
+            for each in targets:
+                built = self._build(name, defaults, own, overlays.get(each, {}), each)
+                if each == target:
+                    chosen[name] = built
+        return ProfileFile(
+            path=self.path,
+            profiles=MappingProxyType(chosen),
+            targets=targets,
+            env_sets=MappingProxyType(dict(self.env_sets)),
+            workloads=MappingProxyType(
+                {
+                    name: MappingProxyType(dict(table))
+                    for name, table in self._tables("workloads", "workload").items()
+                }
+            ),
+            warnings=tuple(dict.fromkeys(self.warnings)),
+            target=target,
+        )
+
+    def _tables(self, key: str, what: str) -> dict[str, Mapping[str, Any]]:
+        """``[key.NAME]`` tables, each checked to be a table."""
+        section = self.data.get(key, {})
+        if not isinstance(section, Mapping):
+            _fail(self.file, key, section, f"must be a table of [{key}.NAME] tables")
+        for name, table in section.items():
+            if not isinstance(table, Mapping):
+                _fail(self.where(key), name, table, f"each {what} must be a table [{key}.{name}]")
+        return dict(section)
+
+    def _env_set(self, name: str, table: Mapping[str, Any]) -> FrozenMap:
+        where = self.where(f"env.{name}")
+        for var, value in table.items():
+            if not _ENV_NAME.match(var):
+                raise ConfigError(
+                    f"{var!r} is not an environment variable name (letters, digits and "
+                    "underscores, not starting with a digit)",
+                    source=where,
+                )
+            if _SECRET_ENV.search(var):  # the value is never echoed
+                raise ConfigError(
+                    f"{var} looks like a secret; secrets do not belong in a profile file (it "
+                    "is committed, and env sets are recorded in baselines). Export it in the "
+                    "shell that runs pytest instead; for the server's API key set api_key_env",
+                    source=where,
+                )
+            if var == "CUDA_VISIBLE_DEVICES":
+                raise ConfigError(
+                    f"CUDA_VISIBLE_DEVICES = {value!r} is not allowed in an env set: choose "
+                    "GPUs with the profile key gpus (e.g. gpus = [0, 1, 2, 3]), which the "
+                    "plugin also uses to keep two servers off the same GPUs",
+                    source=where,
+                )
+            if not isinstance(value, str):
+                shown = str(value).lower() if isinstance(value, bool) else str(value)
+                _fail(
+                    where,
+                    var,
+                    value,
+                    f'environment values must be strings; write {var} = "{shown}"',
+                )
+            if var in SGLANG_OVERWRITTEN_ENV:
+                self.warnings.append(
+                    f"{where}: {var} = {value!r} has no effect: SGLang overwrites {var} at "
+                    f"startup; {SGLANG_OVERWRITTEN_ENV[var]}"
+                )
+        return FrozenMap(table)
+
+    def _layer(self, table: object, section: str) -> dict[str, Any]:
+        """One table of profile keys ([defaults], [profiles.X] or [targets.X]), each value
+        checked and normalised on its own; cross-key rules wait for :meth:`_build`."""
+        where = self.where(section)
+        if not isinstance(table, Mapping):
+            _fail(self.file, section, table, "must be a table")
+        if "api_key" in table:  # checked before the unknown-key check: a better message
+            raise ConfigError(
+                "api_key must not be written in the file (it is committed and would leak); "
+                'set api_key_env = "NAME_OF_AN_ENVIRONMENT_VARIABLE" that holds the key',
+                source=where,
+            )
+        _check_keys(table, PROFILE_KEYS, where, what="key")
+        out: dict[str, Any] = {}
+        for key, value in table.items():
+            if key == "env":
+                out[key] = self._env_names(value, where)
+            else:
+                out[key] = _VALIDATORS[key](value, key, where)
+        return out
+
+    def _env_names(self, value: object, where: str) -> tuple[str, ...]:
+        names = _strings(value, "env", where, allow_single=True)
+        for name in names:
+            if name not in self.env_sets:
+                known = sorted(self.env_sets)
+                raise ConfigError(
+                    f"env = {value!r}: there is no env set {name!r}"
+                    f"{_did_you_mean(name, known)}; defined: {', '.join(known) or 'none'} "
+                    f"(add an [env.{name}] table)",
+                    source=where,
+                )
+        return names
+
+    def _build(
+        self,
+        name: str,
+        defaults: Mapping[str, Any],
+        own: Mapping[str, Any],
+        overlay: Mapping[str, Any],
+        target: str,
+    ) -> ServerProfile:
+        merged = {**defaults, **own}
+        for key, value in overlay.items():
+            if key == "extra_args":
+                merged[key] = (*merged.get(key, ()), *value)
+            else:
+                merged[key] = value
+        where = self.where(f"profiles.{name}")
+        if target != TARGET_REAL:
+            where += f" with [targets.{target}]"
+        if "model_path" not in merged:
+            raise ConfigError(
+                "model_path is missing: set it in the profile or in [defaults]", source=where
+            )
+        launcher: str = merged.get("launcher", DEFAULT_LAUNCHER)
+        tp_size: int = merged.get("tp_size", 1)
+        extra_args: tuple[str, ...] = tuple(merged.get("extra_args", ()))
+        if launcher not in SIMULATED_LAUNCHERS:
+            sim_flags = [flag for flag, _ in flag_groups(extra_args) if flag.startswith("--sim-")]
+            if sim_flags:
+                raise ConfigError(
+                    f"extra_args {sim_flags} are knobs of the simulated server, but launcher "
+                    f"is {launcher!r}; put them in a [targets.sim] overlay",
+                    source=where,
+                )
+        gpus = merged.get("gpus")
+        if gpus is None:
+            gpus = () if launcher in SIMULATED_LAUNCHERS else tuple(range(tp_size))
+        if launcher not in SIMULATED_LAUNCHERS and len(gpus) < tp_size:
+            raise ConfigError(
+                f"gpus = {list(gpus)} gives {len(gpus)} GPU(s), but tp_size = {tp_size} needs "
+                f"at least {tp_size}; list more GPUs or leave gpus out (default: the first "
+                "tp_size GPUs)",
+                source=where,
+            )
+        docker = None
+        if launcher == "docker":
+            if "image" not in merged:
+                raise ConfigError(
+                    'launcher "docker" needs image = "..." (e.g. "lmsysorg/sglang:v0.5.5.post2")',
+                    source=where,
+                )
+            docker = DockerOptions(
+                image=merged["image"],
+                shm_size=merged.get("shm_size", DEFAULT_SHM_SIZE),
+                volumes=merged.get("volumes", FrozenMap()),
+                network=merged.get("network", "host"),
+            )
+        env_sets: tuple[str, ...] = merged.get("env", ())
+        return ServerProfile(
+            name=name,
+            description=merged.get("description", ""),
+            launcher=launcher,
+            model_path=merged["model_path"],
+            tp_size=tp_size,
+            speculative=merged.get("speculative"),
+            mem_fraction_static=merged.get("mem_fraction_static"),
+            extra_args=extra_args,
+            env_sets=env_sets,
+            env=self._merged_env(name, env_sets),
+            gpus=tuple(gpus),
+            host=merged.get("host", DEFAULT_HOST),
+            port=merged.get("port"),
+            startup_timeout=merged.get("startup_timeout", DEFAULT_STARTUP_TIMEOUT),
+            warmup_requests=merged.get("warmup_requests", DEFAULT_WARMUP_REQUESTS),
+            python=merged.get("python") if launcher == "sglang" else None,
+            docker=docker,
+            api_key_env=merged.get("api_key_env"),
+            target=target,
+            source=where,
+        )
+
+    def _merged_env(self, profile: str, names: Sequence[str]) -> FrozenMap:
+        merged: dict[str, str] = {}
+        origin: dict[str, str] = {}
+        for set_name in names:
+            for var, value in self.env_sets[set_name].items():
+                if var in merged and merged[var] != value:
+                    self.warnings.append(
+                        f"{self.where(f'profiles.{profile}')}: env sets {origin[var]!r} and "
+                        f"{set_name!r} both set {var} ({merged[var]!r} vs {value!r}); the later "
+                        f"one, {value!r}, wins"
+                    )
+                merged[var], origin[var] = value, set_name
+        return FrozenMap(merged)
+
+
+# -- validators of single keys ----------------------------------------------------------------
+
+
+def _describe_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    for kind, text in ((str, "a string"), (int, "an integer"), (float, "a float")):
+        if isinstance(value, kind):
+            return text
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, Mapping):
+        return "a table"
+    return type(value).__name__
+
+
+def _fail(where: str, key: str, value: object, allowed: str) -> NoReturn:
+    raise ConfigError(
+        f"{key} = {value!r} ({_describe_type(value)}) is not allowed: {allowed}", source=where
+    )
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    hint = difflib.get_close_matches(word, list(choices), n=1)
+    if not hint and len(word) >= 2:  # difflib misses abbreviations: "tp" for "tp_size"
+        hint = [choice for choice in choices if choice.startswith(word)][:1]
+    return f" (did you mean {hint[0]!r}?)" if hint else ""
+
+
+def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], where: str, *, what: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(
+                f"unknown {what} {key!r}{_did_you_mean(key, allowed)}; allowed: "
+                f"{', '.join(allowed)}",
+                source=where,
+            )
+
+
+def _string(value: object, key: str, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        _fail(where, key, value, "must be a non-empty string")
+    return value
+
+
+def _strings(value: object, key: str, where: str, *, allow_single: bool = False) -> tuple[str, ...]:
+    if allow_single and isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        single = "a string or " if allow_single else ""
+        _fail(where, key, value, f"must be {single}an array of strings")
+    for index, item in enumerate(value):
+        if not isinstance(item, str) or (allow_single and not item.strip()):
+            shown = str(item).lower() if isinstance(item, bool) else str(item)
+            _fail(where, f"{key}[{index}]", item, f'every element must be a string, e.g. "{shown}"')
+    return tuple(value)
+
+
+def _integer(value: object, key: str, where: str, *, low: int, high: int | None = None) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        limit = f"between {low} and {high}" if high is not None else f">= {low}"
+        _fail(where, key, value, f"must be an integer {limit} (no quotes)")
+    return value
+
+
+def _choice(value: object, key: str, where: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        _fail(where, key, value, f"must be one of {', '.join(repr(c) for c in choices)}")
+    assert isinstance(value, str)
+    return value
+
+
+def _launcher(value: object, key: str, where: str) -> str:
+    return _choice(value, key, where, LAUNCHERS)
+
+
+def _network(value: object, key: str, where: str) -> str:
+    return _choice(value, key, where, DOCKER_NETWORKS)
+
+
+def _tp_size(value: object, key: str, where: str) -> int:
+    return _integer(value, key, where, low=1)
+
+
+def _port(value: object, key: str, where: str) -> int:
+    return _integer(value, key, where, low=1, high=65535)
+
+
+def _warmup_requests(value: object, key: str, where: str) -> int:
+    return _integer(value, key, where, low=0)
+
+
+def _description(value: object, key: str, where: str) -> str:
+    if not isinstance(value, str):
+        _fail(where, key, value, "must be a string")
+    return value
+
+
+def _mem_fraction(value: object, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        _fail(where, key, value, "must be a number between 0 and 1 (exclusive), e.g. 0.88")
+    return float(value)
+
+
+def _startup_timeout(value: object, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        _fail(where, key, value, "must be a positive number of seconds, e.g. 1800")
+    return float(value)
+
+
+def _shm_size(value: object, key: str, where: str) -> str:
+    if not isinstance(value, str) or not _SHM_SIZE.match(value):
+        _fail(where, key, value, 'must be a size such as "32g", "16384m" (docker --shm-size)')
+    return value
+
+
+def _api_key_env(value: object, key: str, where: str) -> str:
+    if not isinstance(value, str) or not _ENV_NAME.match(value):
+        _fail(where, key, value, "must be the NAME of an environment variable holding the key")
+    return value
+
+
+def _gpus(value: object, key: str, where: str) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return tuple(range(_integer(value, key, where, low=0)))
+    if not isinstance(value, list):
+        _fail(where, key, value, "must be an array of GPU indices (e.g. [0, 1]) or a count")
+    for index, gpu in enumerate(value):
+        _integer(gpu, f"{key}[{index}]", where, low=0)
+    if len(set(value)) != len(value):
+        _fail(where, key, value, "must not list a GPU twice")
+    return tuple(value)
+
+
+def _volumes(value: object, key: str, where: str) -> FrozenMap:
+    if not isinstance(value, Mapping):
+        _fail(
+            where,
+            key,
+            value,
+            'must be a table of host path = container path, e.g. { "/data" = "/data" }',
+        )
+    out = {}
+    for host, container in value.items():
+        expanded = os.path.expanduser(host)
+        if not (os.path.isabs(expanded) or _NAME.match(host)):
+            _fail(
+                where,
+                f"{key}.{host!r}",
+                container,
+                "the host side must be an absolute path, "
+                "a path starting with ~, or a docker volume name",
+            )
+        if not isinstance(container, str) or not container.startswith("/"):
+            _fail(
+                where, f"{key}.{host!r}", container, "the container side must be an absolute path"
+            )
+        out[expanded] = container
+    return FrozenMap(out)
+
+
+def _extra_args(value: object, key: str, where: str) -> tuple[str, ...]:
+    args = _strings(value, key, where)
+    for flag, values in flag_groups(args):
+        if not flag:
+            _fail(where, key, list(args), f"must start with a flag; {values[0]!r} has none")
+        field_name = _first_class_field(flag)
+        if field_name is not None:
+            instead = (
+                'api_key_env = "NAME_OF_AN_ENVIRONMENT_VARIABLE"'
+                if field_name == "api_key_env"
+                else f"the key {field_name}"
+            )
+            raise ConfigError(
+                f"{key} contains {flag!r}, which sets what {field_name} sets; use {instead} "
+                "instead (one setting, one place: the fingerprint and the attach check read it "
+                "there)",
+                source=where,
+            )
+        kind = ECHOED_FLAGS.get(flag)
+        if kind is None:
+            continue
+        if kind is bool and values:
+            _fail(where, key, list(args), f"{flag} takes no value, but is followed by {values}")
+        if kind is not bool:
+            try:
+                if len(values) != 1:
+                    raise ValueError
+                kind(values[0])
+            except ValueError:
+                _fail(
+                    where,
+                    key,
+                    list(args),
+                    f"{flag} needs one {kind.__name__} value, got {list(values)}",
+                )
+    return args
+
+
+def _first_class_field(flag: str) -> str | None:
+    """The profile key a flag sets, also for an argparse abbreviation (``--mem-frac``)."""
+    if flag in FIRST_CLASS_FLAGS:
+        return FIRST_CLASS_FLAGS[flag]
+    if len(flag) < 4:  # "--x" is too short to be an unambiguous abbreviation of anything
+        return None
+    fields = sorted({name for full, name in FIRST_CLASS_FLAGS.items() if full.startswith(flag)})
+    if not fields:
+        return None
+    return ", ".join(fields)
+
+
+def _speculative(value: object, key: str, where: str) -> Speculative:
+    if not isinstance(value, Mapping):
+        _fail(where, key, value, 'must be a table, e.g. { algorithm = "EAGLE3", ... }')
+    _check_keys(value, SPECULATIVE_KEYS, where, what="key of speculative")
+    if "algorithm" not in value:
+        _fail(where, key, dict(value), f"needs algorithm = one of {', '.join(SPEC_ALGORITHMS)}")
+    raw_algorithm = value["algorithm"]
+    if not isinstance(raw_algorithm, str) or raw_algorithm.upper() not in SPEC_ALGORITHMS:
+        _fail(
+            where,
+            f"{key}.algorithm",
+            raw_algorithm,
+            f"must be one of {', '.join(SPEC_ALGORITHMS)} (any case)",
+        )
+    algorithm = raw_algorithm.upper()
+    draft = value.get("draft_model_path")
+    if draft is not None:
+        draft = _string(draft, f"{key}.draft_model_path", where)
+    numbers = {
+        name: _integer(value[name], f"{key}.{name}", where, low=1)
+        for name in ("num_steps", "eagle_topk", "num_draft_tokens")
+        if name in value
+    }
+    if numbers and len(numbers) != 3:
+        missing = [n for n in ("num_steps", "eagle_topk", "num_draft_tokens") if n not in numbers]
+        raise ConfigError(
+            f"{key} sets {', '.join(numbers)} but not {', '.join(missing)}: SGLang wants all "
+            "three of num_steps, eagle_topk and num_draft_tokens, or none (then it chooses)",
+            source=where,
+        )
+    if numbers.get("eagle_topk") == 1 and numbers["num_draft_tokens"] != numbers["num_steps"] + 1:
+        steps = numbers["num_steps"]
+        raise ConfigError(
+            f"{key}.num_draft_tokens = {numbers['num_draft_tokens']} is not allowed with "
+            f"eagle_topk = 1 and num_steps = {steps}: SGLang forces num_draft_tokens to "
+            f"num_steps + 1 when eagle_topk is 1, so set num_draft_tokens = {steps + 1}",
+            source=where,
+        )
+    if draft is None and algorithm not in DRAFT_FREE_ALGORITHMS:
+        raise ConfigError(
+            f"{key}.algorithm = {algorithm!r} needs draft_model_path (only "
+            f"{' and '.join(sorted(DRAFT_FREE_ALGORITHMS))} run without a draft model)",
+            source=where,
+        )
+    return Speculative(
+        algorithm=algorithm,
+        draft_model_path=draft,
+        num_steps=numbers.get("num_steps"),
+        eagle_topk=numbers.get("eagle_topk"),
+        num_draft_tokens=numbers.get("num_draft_tokens"),
+    )
+
+
+_VALIDATORS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyType(
+    {
+        "description": _description,
+        "launcher": _launcher,
+        "model_path": _string,
+        "tp_size": _tp_size,
+        "speculative": _speculative,
+        "mem_fraction_static": _mem_fraction,
+        "extra_args": _extra_args,
+        "python": _string,
+        "image": _string,
+        "shm_size": _shm_size,
+        "volumes": _volumes,
+        "network": _network,
+        "gpus": _gpus,
+        "host": _string,
+        "port": _port,
+        "startup_timeout": _startup_timeout,
+        "warmup_requests": _warmup_requests,
+        "api_key_env": _api_key_env,
+    }
+)
+"""One checker per key except ``env`` (which needs the file's env sets): value, key, where →
+the normalised value, or a :class:`ConfigError`."""
