@@ -129,8 +129,8 @@ def parse_marker(args: Sequence[Any], kwargs: Mapping[str, Any], *, where: str) 
     workload = kwargs.get("workload")
     if workload is not None and not isinstance(workload, (str, Mapping)):
         raise fail(f"workload must be a name or a mapping of overrides, got {workload!r}")
-    runs = _optional_int(kwargs.get("runs"), "runs", fail)
-    max_runs = _optional_int(kwargs.get("max_runs"), "max_runs", fail)
+    runs = _optional_runs(kwargs.get("runs"), "runs", fail)
+    max_runs = _optional_runs(kwargs.get("max_runs"), "max_runs", fail)
     if runs is not None and max_runs is not None and max_runs < runs:
         raise fail(f"max_runs ({max_runs}) is smaller than runs ({runs})")
     alpha = kwargs.get("alpha")
@@ -169,11 +169,14 @@ def _margin(value: Any, label: str, fail: Any) -> float:
     return float(value)
 
 
-def _optional_int(value: Any, label: str, fail: Any) -> int | None:
+def _optional_runs(value: Any, label: str, fail: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise fail(f"{label} must be a whole number of at least 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise fail(
+            f"{label} must be a whole number of at least 2 (one run has no run-to-run "
+            f"variance, so no confidence interval), got {value!r}"
+        )
     return value
 
 

@@ -17,14 +17,14 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
 from pytest_specdecode import report
 from pytest_specdecode.errors import ConfigError, SpecdecodeError
 from pytest_specdecode.markers import MARKER_HELP, MarkerSpec, parse_marker
-from pytest_specdecode.pool import ServerHandle, finish_run
+from pytest_specdecode.pool import ServerCounts, ServerHandle, finish_run
 from pytest_specdecode.profiles import ALGORITHM_MARKERS
 from pytest_specdecode.readiness import Progress
 from pytest_specdecode.session import SpecdecodeSession, SpecdecodeTest, TestResult
@@ -36,6 +36,9 @@ SPEC_KEY = pytest.StashKey[MarkerSpec]()
 TEST_KEY = pytest.StashKey[SpecdecodeTest]()
 RESULTS_KEY = pytest.StashKey[list[TestResult]]()
 UPDATES_KEY = pytest.StashKey[list[str]]()
+SERVERS_KEY = pytest.StashKey[ServerCounts]()
+NODEID_KEY = pytest.StashKey[str]()  # the test id before xdist's loadgroup adds "@group"
+NEXT_SERVER_KEY = pytest.StashKey[str | None]()  # the profile this process's next test needs
 
 
 class SpecdecodeWarning(pytest.PytestWarning):
@@ -97,6 +100,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if workerinput is not None:
         worker = str(workerinput.get("workerid", "gw"))
         run_id = str(workerinput.get("specdecode_run_id") or workerinput.get("testrunuid"))
+        if workerinput.get("specdecode_loadgroup"):
+            # The controller schedules by group (see pytest_xdist_make_scheduler), but a worker
+            # tags node ids with their xdist_group only under --dist loadgroup; without the tag
+            # every test is its own group and profiles are spread over all workers.
+            config.option.loadgroup = True
     else:
         worker, run_id = "main", uuid.uuid4().hex
     session = SpecdecodeSession(
@@ -112,6 +120,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = session
     config.stash[RESULTS_KEY] = []
     config.stash[UPDATES_KEY] = []
+    config.stash[SERVERS_KEY] = ServerCounts()
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(session), "specdecode-xdist")
     _terminate_gracefully()
@@ -148,6 +157,11 @@ def _say(config: pytest.Config, line: str) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return
+    # write_line starts a new line only after a test's file name; after the final "[100%]"
+    # (where session-end lines such as "left running" come) it would continue that line.
+    writer = getattr(reporter, "_tw", None)
+    if not reporter.currentfspath and writer is not None and writer.width_of_current_line:
+        line = "\n" + line
     capman = config.pluginmanager.get_plugin("capturemanager")
     if capman is not None:
         with capman.global_and_fixture_disabled():
@@ -246,9 +260,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             profile = session.profile(server, where=item.nodeid)
             for reference in spec.references:
                 session.profile(reference, where=f"{item.nodeid} (against=)")
+            session.workload(spec.workload, where=item.nodeid)
         except SpecdecodeError as exc:
             raise pytest.UsageError(str(exc)) from None
         item.stash[SPEC_KEY] = replace(spec, server=server)
+        item.stash[NODEID_KEY] = item.nodeid
         item.add_marker(profile.algorithm_marker)
         if xdist:
             item.add_marker(pytest.mark.xdist_group(f"specdecode-{profile.name}"))
@@ -299,11 +315,13 @@ def specdecode_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
         profile = session.profile(name, where=request.node.nodeid)
         handle = session.server_for(profile)
     except SpecdecodeError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        _fail(str(exc))
     try:
         yield handle
     finally:
-        session.release(profile)
+        # Keep the lease when the next test needs the same server, so that no other process
+        # waiting for these GPUs stops it in the gap between the two tests.
+        session.release(profile, hold=request.node.stash.get(NEXT_SERVER_KEY, None) == name)
 
 
 @pytest.fixture
@@ -312,7 +330,8 @@ def specdecode(request: pytest.FixtureRequest, specdecode_server: ServerHandle) 
     spec = request.node.stash.get(SPEC_KEY, None) or MarkerSpec(
         server=specdecode_server.profile.name
     )
-    test = SpecdecodeTest(_session(request.config), request.node.nodeid, spec, specdecode_server)
+    test_id = request.node.stash.get(NODEID_KEY, request.node.nodeid)
+    test = SpecdecodeTest(_session(request.config), test_id, spec, specdecode_server)
     request.node.stash[TEST_KEY] = test
     return test
 
@@ -321,6 +340,23 @@ def specdecode(request: pytest.FixtureRequest, specdecode_server: ServerHandle) 
 def _specdecode_autouse(request: pytest.FixtureRequest) -> None:
     if SPEC_KEY in request.node.stash:
         request.getfixturevalue("specdecode")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Remember which server the next test of this process needs (for its release); give back
+    leases kept for this test if it does not need them."""
+    spec = nextitem.stash.get(SPEC_KEY, None) if nextitem is not None else None
+    item.stash[NEXT_SERVER_KEY] = spec.server if spec is not None else None
+    own = item.stash.get(SPEC_KEY, None)
+    _session(item.config).pool.drop_holds(keep=own.server if own is not None else None)
+
+
+def _fail(message: str) -> NoReturn:
+    """Fail the test with ``message`` alone: no traceback, and no chained exception that would
+    print the same server error (and its log tail) a second time."""
+    __tracebackhide__ = True
+    raise pytest.fail.Exception(message, pytrace=False) from None
 
 
 # -- the verdict ---------------------------------------------------------------------------
@@ -335,7 +371,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     try:
         measured = test.measure()
     except SpecdecodeError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        _fail(str(exc))
     item.config.stash[RESULTS_KEY].append(measured)
     _apply_outcome(item, test, measured)
     return result
@@ -351,16 +387,28 @@ def _apply_outcome(item: pytest.Item, test: SpecdecodeTest, result: TestResult) 
         policy = test.spec.on_missing_baseline or settings.on_missing_baseline
         if policy == "fail":
             pytest.fail(text, pytrace=False)
-        pytest.skip(text)
+        # Reported at the test's location (as a skip marker is), not at this line.
+        raise pytest.skip.Exception(text, _use_item_location=True)
     if outcome is Outcome.INCONCLUSIVE:
         policy = test.spec.on_inconclusive or settings.on_inconclusive
         if policy == "fail":
             pytest.fail(text, pytrace=False)
         if policy == "xfail":
             pytest.xfail(text)
-        warnings.warn(SpecdecodeWarning(f"inconclusive, passed by policy: {text}"), stacklevel=1)
+        _warn(item, f"inconclusive, passed by policy: {text}")
     for warning in result.warnings:
-        warnings.warn(SpecdecodeWarning(warning), stacklevel=1)
+        _warn(item, warning)
+
+
+def _warn(item: pytest.Item, message: str) -> None:
+    """A :class:`SpecdecodeWarning` attributed to the test's file and line, not the plugin's."""
+    path, lineno, _ = item.reportinfo()
+    warnings.warn_explicit(
+        SpecdecodeWarning(message),
+        SpecdecodeWarning,
+        filename=str(path),
+        lineno=(lineno or 0) + 1,
+    )
 
 
 # -- end of session ------------------------------------------------------------------------
@@ -375,20 +423,30 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             workeroutput["specdecode_results"] = [r.to_json() for r in config.stash[RESULTS_KEY]]
             return
         if sd.settings.update_baselines:
-            for update in sd.write_baselines(config.stash[RESULTS_KEY]):
+            updates, errors = sd.write_baselines(config.stash[RESULTS_KEY])
+            for update in updates:
                 config.stash[UPDATES_KEY].extend(update.describe())
+            if errors:
+                config.stash[UPDATES_KEY].extend(f"ERROR: {error}" for error in errors)
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
     except SpecdecodeError as exc:
         config.stash[UPDATES_KEY].append(f"ERROR: {exc}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     finally:
         sd.close()
+        if sd.is_xdist_worker:
+            workeroutput = getattr(config, "workeroutput", {})
+            workeroutput["specdecode_servers"] = sd.pool.counts.to_json()
+        else:
+            config.stash[SERVERS_KEY].add(sd.pool.counts)
         if config.pluginmanager.hasplugin("xdist") and not sd.is_xdist_worker:
-            finish_run(
+            stopped = finish_run(
                 sd.settings.state_dir,
                 sd.run_id,
                 keep_alive=sd.settings.keep_server,
                 on_event=lambda message: _say(config, f"specdecode: {message}"),
             )
+            config.stash[SERVERS_KEY].add(stopped)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -396,7 +454,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         return
     results = config.stash[RESULTS_KEY]
     updates = config.stash[UPDATES_KEY]
-    if not results and not updates:
+    servers = config.stash[SERVERS_KEY].describe()
+    if not results and not updates and not servers:
         return
     terminalreporter.section("specdecode")
     for line in report.results_table(results):
@@ -411,6 +470,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line("baselines updated (old -> new):")
         for line in updates:
             terminalreporter.write_line("  " + line)
+    if servers:
+        if results or updates:
+            terminalreporter.write_line("")
+        terminalreporter.write_line(f"servers: {servers}")
 
 
 class _XdistHooks:
@@ -421,12 +484,15 @@ class _XdistHooks:
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput["specdecode_run_id"] = self._session.run_id
+        # pytest_xdist_make_scheduler below turns --dist load into loadgroup scheduling.
+        node.workerinput["specdecode_loadgroup"] = node.config.getvalue("dist") == "load"
 
     def pytest_testnodedown(self, node: Any, error: object) -> None:
         output = getattr(node, "workeroutput", {}) or {}
         config = node.config
         for data in output.get("specdecode_results", []):
             config.stash[RESULTS_KEY].append(TestResult.from_json(data))
+        config.stash[SERVERS_KEY].add(ServerCounts.from_json(output.get("specdecode_servers", {})))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:

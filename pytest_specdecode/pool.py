@@ -15,6 +15,9 @@
   owner; the next session reuses it if the fingerprint still matches, or stops it if it needs
   the GPUs for something else. A server whose owning process died (pytest was killed) is
   treated the same way, so it is adopted or stopped, never leaked.
+* **No gap between two tests.** A test that is followed by another test of the same profile in
+  the same process keeps its lease over the gap (``release(hold=True)``), so an xdist sibling
+  waiting for the same GPUs cannot stop the server between the two and force a second load.
 * **Failures stick.** A server that failed to start or crashed fails every later test of the
   same run that needs it at once, with the same message, instead of burning another load.
 """
@@ -52,6 +55,52 @@ EventSink = Callable[[str], None]
 # Secrets a server may need (gated model downloads) that a container does not inherit. They are
 # passed through from pytest's environment and never recorded in a profile or fingerprint.
 FORWARDED_SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+@dataclass
+class ServerCounts:
+    """What happened to each profile's server in one pytest run, for the terminal summary:
+    launched, reused (started by an earlier session or an xdist sibling), stopped by us, failed
+    (did not start, or crashed) and left running for the next session."""
+
+    launched: Counter[str] = field(default_factory=Counter)
+    reused: Counter[str] = field(default_factory=Counter)
+    stopped: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
+    kept: Counter[str] = field(default_factory=Counter)
+
+    _FIELDS = ("launched", "reused", "stopped", "failed", "kept")
+
+    def add(self, other: ServerCounts) -> None:
+        for name in self._FIELDS:
+            getattr(self, name).update(getattr(other, name))
+
+    def to_json(self) -> dict[str, dict[str, int]]:
+        return {name: dict(getattr(self, name)) for name in self._FIELDS}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Mapping[str, int]]) -> ServerCounts:
+        return cls(**{name: Counter(data.get(name, {})) for name in cls._FIELDS})
+
+    def describe(self) -> str | None:
+        """``nospec launched 1, reused 0, stopped 1; eagle3 launched 1, ...`` or ``None``."""
+        profiles = list(
+            dict.fromkeys([*self.launched, *self.reused, *self.stopped, *self.failed, *self.kept])
+        )
+        if not profiles:
+            return None
+        parts = []
+        for name in profiles:
+            text = (
+                f"{name} launched {self.launched[name]}, reused {self.reused[name]}, "
+                f"stopped {self.stopped[name]}"
+            )
+            if self.failed[name]:
+                text += f", failed {self.failed[name]}"
+            if self.kept[name]:
+                text += ", left running"
+            parts.append(text)
+        return "; ".join(parts)
 
 
 @dataclass
@@ -115,9 +164,8 @@ class ServerPool:
         self._demand: Counter[str] | None = None
         self._failures: dict[str, ServerError] = {}
         self._gpu_locks: dict[str, FileLock] = {}
-        self.launches: Counter[str] = Counter()
-        self.reuses: Counter[str] = Counter()
-        self.stops: Counter[str] = Counter()
+        self._held: dict[str, ServerProfile] = {}  # leases kept for this process's next test
+        self.counts = ServerCounts()
 
     # -- demand --------------------------------------------------------------------------
 
@@ -129,18 +177,22 @@ class ServerPool:
 
     def acquire(self, profile: ServerProfile) -> ServerHandle:
         """A ready server for ``profile``, reused or launched; the caller holds a lease on it."""
+        self.drop_holds(keep=profile.name)  # a test skipped: nobody took them over
         if profile.name in self._failures:
+            self._drop_held(profile)
             raise self._failures[profile.name]
         try:
             handle = self._acquire(profile)
         except ServerError as exc:
             self._failures[profile.name] = exc
+            self._drop_held(profile)
             raise
         return handle
 
     def mark_failed(self, profile: ServerProfile, error: ServerError) -> None:
         """The server crashed while measured: later tests of this run fail fast with ``error``."""
         self._failures[profile.name] = error
+        self.counts.failed[profile.name] += 1
         digest = profile.fingerprint().digest
         with self.state.edit() as entries:
             entry = entries.get(digest)
@@ -152,25 +204,51 @@ class ServerPool:
         if handle is not None and handle.launcher is not None:
             handle.launcher.stop(grace=5.0)  # reap it and whatever it left in its group
 
-    def release(self, profile: ServerProfile) -> None:
-        """The test using ``profile``'s server is done with it."""
-        digest = profile.fingerprint().digest
-        with self.state.edit() as entries:
-            entry = entries.get(digest)
-            if entry and entry.leases.get(self._lease, 0) > 0:
-                entry.leases[self._lease] -= 1
-                if entry.leases[self._lease] == 0:
-                    del entry.leases[self._lease]
-                entry.last_used_unix = time.time()
+    def release(self, profile: ServerProfile, *, hold: bool = False) -> None:
+        """The test using ``profile``'s server is done with it.
+
+        ``hold``: this process's next test needs the same server; the lease is kept over the
+        gap and taken over by the next :meth:`acquire`, so nobody stops the server in between.
+        """
+        if hold:
+            self._held[profile.name] = profile
+            with self.state.edit() as entries:
+                entry = entries.get(profile.fingerprint().digest)
+                if entry is not None:
+                    entry.last_used_unix = time.time()
+        else:
+            self._drop_held(profile)
+            self._drop_lease(profile)
         if self._demand is None:
             return
         self._demand[profile.name] -= 1
-        if self._demand[profile.name] > 0:
+        if hold or self._demand[profile.name] > 0:
             return
         others_pending = any(n > 0 for name, n in self._demand.items() if name != profile.name)
         if self.keep_alive and not others_pending:
             return  # the last server of the session: close() leaves it running
         self._stop_profile(profile, reason="its last test has finished")
+
+    def _drop_lease(self, profile: ServerProfile) -> None:
+        with self.state.edit() as entries:
+            entry = entries.get(profile.fingerprint().digest)
+            if entry and entry.leases.get(self._lease, 0) > 0:
+                entry.leases[self._lease] -= 1
+                if entry.leases[self._lease] == 0:
+                    del entry.leases[self._lease]
+                entry.last_used_unix = time.time()
+
+    def _drop_held(self, profile: ServerProfile) -> None:
+        """Give back a lease kept by ``release(hold=True)`` that no test will take over."""
+        if self._held.pop(profile.name, None) is not None:
+            self._drop_lease(profile)
+
+    def drop_holds(self, keep: str | None = None) -> None:
+        """Give back the leases kept for a next test that turned out not to need them (it was
+        skipped, or needs another profile), except ``keep``'s."""
+        for name, profile in list(self._held.items()):
+            if name != keep:
+                self._drop_held(profile)
 
     def _acquire(self, profile: ServerProfile) -> ServerHandle:
         digest = profile.fingerprint().digest
@@ -212,7 +290,8 @@ class ServerPool:
                 who = f"pid {entry.owner.pid}" if entry.owner else "another session"
                 return ("wait", f"{profile.name} is being loaded by {who}")
             if entry is not None:
-                entry.leases[self._lease] = entry.leases.get(self._lease, 0) + 1
+                if self._held.pop(profile.name, None) is None:  # else: the previous test's
+                    entry.leases[self._lease] = entry.leases.get(self._lease, 0) + 1  # carries over
                 entry.last_used_unix = time.time()
                 if entry.owner is None or not entry.owner.alive():
                     entry.owner = Owner(self.run_id, os.getpid())
@@ -221,6 +300,7 @@ class ServerPool:
                 found = entry
             else:
                 found = None
+                self._held.pop(profile.name, None)  # its server is gone, and so is the lease
                 conflicts = [
                     e
                     for e in entries.values()
@@ -272,7 +352,7 @@ class ServerPool:
             if cached is not None and cached.base_url == entry.url and cached.launcher:
                 handle = cached  # our own server, still running: keep its launcher
             else:
-                self.reuses[profile.name] += 1
+                self.counts.reused[profile.name] += 1
                 self._emit(f"{profile.name}: reusing the running server at {entry.url}")
             self._handles[profile.name] = handle
             return handle
@@ -288,7 +368,7 @@ class ServerPool:
         launcher = make_launcher(
             profile, port=port, log_path=log_path, env=self.env, api_key=api_key
         )
-        self.launches[profile.name] += 1
+        self.counts.launched[profile.name] += 1
         self._emit(f"{profile.name}: starting ({profile.launcher}) on {url}; log: {log_path}")
         try:
             with self.gpu_lock(profile, digest):
@@ -308,6 +388,10 @@ class ServerPool:
                 )
         except BaseException as exc:
             # Ctrl-C, a timeout or a crash: never leave the process or container behind.
+            if isinstance(exc, ServerError):
+                self.counts.failed[profile.name] += 1
+            elif launcher.exit_code() is None:
+                self.counts.stopped[profile.name] += 1
             launcher.stop(grace=5.0)
             with self.state.edit() as entries:
                 if isinstance(exc, ServerError):
@@ -379,7 +463,7 @@ class ServerPool:
         if handle is not None and handle.launcher is not None:
             if handle.launcher.exit_code() is None:
                 self._emit(f"{profile.name}: stopping ({reason})")
-                self.stops[profile.name] += 1
+                self.counts.stopped[profile.name] += 1
             handle.launcher.stop(grace=self.stop_grace)
         elif entry is not None:
             self._stop_entry(entry, reason=reason)
@@ -390,12 +474,12 @@ class ServerPool:
             self._handles.pop(entry.profile)
             self._emit(f"{entry.profile}: stopping ({reason})")
             handle.launcher.stop(grace=self.stop_grace)
-        elif entry.identity:
+        elif entry.identity and identity_alive(entry.identity):
             self._emit(f"{entry.profile}: stopping the recorded server at {entry.url} ({reason})")
             stop_identity(entry.identity, grace=self.stop_grace)
         else:
-            return
-        self.stops[entry.profile] += 1
+            return  # nothing runs any more (it crashed): nothing to stop
+        self.counts.stopped[entry.profile] += 1
 
     def _prune(self, entries: dict[str, Entry]) -> None:
         """Forget dead servers and leases; adopt orphans (their owner died) as kept servers."""
@@ -432,6 +516,7 @@ class ServerPool:
                     if digest in entries:
                         entries[digest].owner = None
                 self._emit(f"{name}: left running for the next session at {handle.base_url}")
+                self.counts.kept[name] += 1
                 continue
             self._stop_profile(handle.profile, reason="end of the test session")
         self._handles.clear()
@@ -452,10 +537,11 @@ def finish_run(
     keep_alive: bool,
     on_event: EventSink | None = None,
     grace: float = 30.0,
-) -> list[str]:
+) -> ServerCounts:
     """The xdist controller's teardown: stop the servers its workers started (all but the most
-    recently used one with ``keep_alive``). Returns the profiles stopped."""
+    recently used one with ``keep_alive``). Returns what it stopped and kept."""
     emit = on_event or (lambda message: None)
+    counts = ServerCounts()
     state = StateFile(state_dir)
     with state.edit() as entries:
         owned = sorted(
@@ -465,16 +551,16 @@ def finish_run(
         keep = owned.pop() if keep_alive and owned and owned[-1].status == "ready" else None
         if keep is not None:
             keep.owner = None
+            counts.kept[keep.profile] += 1
             emit(f"{keep.profile}: left running for the next session at {keep.url}")
         for entry in owned:
             del entries[entry.digest]
-    stopped = []
     for entry in owned:
-        if entry.identity:
+        if entry.identity and identity_alive(entry.identity):  # not one that crashed
             emit(f"{entry.profile}: stopping (end of the test session)")
             stop_identity(entry.identity, grace=grace)
-            stopped.append(entry.profile)
-    return stopped
+            counts.stopped[entry.profile] += 1
+    return counts
 
 
 # -- launchers and recorded identities ---------------------------------------------------

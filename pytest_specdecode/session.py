@@ -21,11 +21,7 @@ from pytest_specdecode.baselines import (
     BaselineRecord,
     BaselineStore,
     BaselineUpdate,
-    GpuInfo,
     check_fingerprint,
-    collect_provenance,
-    detect_gpus,
-    hardware_key,
 )
 from pytest_specdecode.client import MeasurementClient
 from pytest_specdecode.errors import (
@@ -45,6 +41,7 @@ from pytest_specdecode.profiles import (
     compare_server_args,
     load_profiles,
 )
+from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpus, hardware_key
 from pytest_specdecode.readiness import Progress, wait_until_ready
 from pytest_specdecode.settings import Settings
 from pytest_specdecode.stats import SequentialPlan
@@ -220,6 +217,12 @@ class SpecdecodeSession:
             )
         return profiles[name]
 
+    def workload(self, spec: str | Mapping[str, Any] | None, *, where: str) -> Workload:
+        """The workload a marker asks for (a name from the profile file or built in, or a
+        mapping of overrides); an unknown name or bad field is a ``ConfigError`` naming
+        ``where``."""
+        return resolve_workload(spec, self.profiles().workloads, source=where)
+
     # -- servers -------------------------------------------------------------------------
 
     def server_for(self, profile: ServerProfile) -> ServerHandle:
@@ -227,9 +230,11 @@ class SpecdecodeSession:
             return self._attach(profile)
         return self.pool.acquire(profile)
 
-    def release(self, profile: ServerProfile) -> None:
+    def release(self, profile: ServerProfile, *, hold: bool = False) -> None:
+        """A test is done with ``profile``'s server; ``hold``: this process's next test needs
+        it too (see :meth:`ServerPool.release`)."""
         if not self.settings.server_host:
-            self.pool.release(profile)
+            self.pool.release(profile, hold=hold)
 
     def _attach(self, profile: ServerProfile) -> ServerHandle:
         url = attach_url(self.settings.server_host or "", profile.port or SGLANG_DEFAULT_PORT)
@@ -275,8 +280,7 @@ class SpecdecodeSession:
     def measure(self, test_id: str, spec: MarkerSpec, handle: ServerHandle) -> TestResult:
         """Warm up, run, compare (adding runs while inconclusive), and judge one test."""
         profile = handle.profile
-        files = self.profiles()
-        workload = resolve_workload(spec.workload, files.workloads, source=f"{test_id}")
+        workload = self.workload(spec.workload, where=test_id)
         settings = self.settings
         updating = settings.update_baselines
         alpha = spec.alpha or settings.alpha
@@ -501,9 +505,14 @@ class SpecdecodeSession:
 
     # -- end of session ------------------------------------------------------------------
 
-    def write_baselines(self, results: list[TestResult]) -> list[BaselineUpdate]:
-        """Record every RECORDED result (the xdist controller or a plain session only)."""
-        updates = []
+    def write_baselines(self, results: list[TestResult]) -> tuple[list[BaselineUpdate], list[str]]:
+        """Record every RECORDED result (the xdist controller or a plain session only).
+
+        A baseline that cannot be written (refused, locked, a file system error) does not keep
+        the others from being written and reported: its error is returned beside the updates.
+        """
+        updates: list[BaselineUpdate] = []
+        errors: list[str] = []
         for result in results:
             if result.outcome is not Outcome.RECORDED:
                 continue
@@ -519,14 +528,22 @@ class SpecdecodeSession:
                 provenance=result.provenance,
                 created_unix=time.time(),
             )
-            updates.append(
-                self.store.write(
-                    record,
-                    max_cv=self.settings.max_baseline_cv,
-                    force=self.settings.force_baseline,
+            try:
+                updates.append(
+                    self.store.write(
+                        record,
+                        max_cv=self.settings.max_baseline_cv,
+                        force=self.settings.force_baseline,
+                    )
                 )
-            )
-        return updates
+            except BaselineError as exc:
+                errors.append(f"{result.test_id}: {exc}")
+            except OSError as exc:
+                errors.append(
+                    f"{result.test_id}: could not write "
+                    f"{self.store.path_for(result.hardware_key, result.test_id)}: {exc}"
+                )
+        return updates, errors
 
     def close(self) -> None:
         self.pool.close()

@@ -46,10 +46,13 @@ class Option:
         return f"PYTEST_SPECDECODE_{self.name.upper()}"
 
 
-def _positive_int(text: str) -> int:
+def _run_count(text: str) -> int:
     value = int(text)
-    if value < 1:
-        raise ValueError("must be a whole number of at least 1")
+    if value < 2:
+        raise ValueError(
+            "must be a whole number of at least 2 (one run has no run-to-run variance, so no "
+            "confidence interval)"
+        )
     return value
 
 
@@ -173,7 +176,7 @@ OPTIONS: tuple[Option, ...] = (
         "--specdecode-runs",
         "Measured runs per test before the first verdict",
         5,
-        _positive_int,
+        _run_count,
         "N",
     ),
     Option(
@@ -181,7 +184,7 @@ OPTIONS: tuple[Option, ...] = (
         "--specdecode-max-runs",
         "Most runs per test when the verdict stays inconclusive",
         10,
-        _positive_int,
+        _run_count,
         "N",
     ),
     Option(
@@ -189,7 +192,7 @@ OPTIONS: tuple[Option, ...] = (
         "--specdecode-baseline-runs",
         "Runs recorded per test with --update-baselines (more runs = a sharper baseline)",
         20,
-        _positive_int,
+        _run_count,
         "N",
     ),
     Option(
