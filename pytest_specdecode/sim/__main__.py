@@ -52,6 +52,11 @@ def log_banner(server: SimServer) -> None:
         sim.noise_cv,
         sim.fault or "none",
     )
+    if sim.env_knobs:
+        main_log.warning(
+            "[simulated] injected from the environment (test knobs, not part of any profile): %s",
+            " ".join(sim.env_knobs),
+        )
     if sim.unknown_args:
         main_log.warning(
             "WARNING: unrecognized arguments ignored by the simulated server: %s",
@@ -159,7 +164,7 @@ def run_load_phases(server: SimServer) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    resolved = parse_args(argv)
+    resolved = parse_args(argv, os.environ)
     configure_logging(resolved.server.log_level)
     server = SimServer(resolved, load_constants(), os.environ)
     log_banner(server)

@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,20 @@ FAULT_KINDS = (
     "flap-health",
 )
 REDACTED = "<redacted>"
+
+#: Test knobs read from the environment, deliberately outside every profile and fingerprint.
+#: A real regression (a slower SGLang build, a broken draft model) changes speed without
+#: changing the configuration; setting these for the server's process does the same to the
+#: simulated server, so a baseline recorded without them is still compared, and must catch it.
+#: ``SPECDECODE_SIM_SLOWDOWN`` and ``SPECDECODE_SIM_ACCEPT_SCALE`` multiply ``--sim-slowdown``
+#: and ``--sim-accept-scale`` (an injected change on top of what the command line configures);
+#: ``SPECDECODE_SIM_NOISE_CV`` replaces ``--sim-noise-cv``. They apply to servers started with
+#: them (a kept-alive server keeps the values it was started with), and the effective values
+#: are logged at startup and reported by ``/server_info``.
+ENV_SLOWDOWN = "SPECDECODE_SIM_SLOWDOWN"
+ENV_ACCEPT_SCALE = "SPECDECODE_SIM_ACCEPT_SCALE"
+ENV_NOISE_CV = "SPECDECODE_SIM_NOISE_CV"
+ENV_KNOBS = (ENV_SLOWDOWN, ENV_ACCEPT_SCALE, ENV_NOISE_CV)
 
 
 @dataclass(frozen=True)
@@ -111,6 +125,8 @@ class SimOptions:
     fault: str | None
     crash_after: int | None
     unknown_args: tuple[str, ...]
+    env_knobs: tuple[str, ...] = ()
+    """The ``SPECDECODE_SIM_*`` settings that were applied, as ``NAME=value``."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
             "with token timing from a small performance model fitted to measured figures. "
             "Every figure it produces is simulated."
         ),
-        epilog="Unknown flags are accepted with a warning, so a real SGLang command line works.",
+        epilog=(
+            "Unknown flags are accepted with a warning, so a real SGLang command line works. "
+            f"Test knobs from the environment, outside any profile or fingerprint: {ENV_SLOWDOWN} "
+            f"and {ENV_ACCEPT_SCALE} multiply --sim-slowdown and --sim-accept-scale, "
+            f"{ENV_NOISE_CV} replaces --sim-noise-cv (inject a regression of the same "
+            "configuration)."
+        ),
     )
     sglang = parser.add_argument_group(
         "SGLang server arguments (as python -m sglang.launch_server)"
@@ -400,7 +422,48 @@ def resolve(namespace: argparse.Namespace, unknown: Sequence[str]) -> ResolvedAr
     return ResolvedArgs(server=server, sim=sim, notes=tuple(notes))
 
 
-def parse_args(argv: Sequence[str] | None = None) -> ResolvedArgs:
-    """Parse a command line; unknown flags are kept in ``sim.unknown_args``, never fatal."""
-    namespace, unknown = build_parser().parse_known_args(argv)
-    return resolve(namespace, unknown)
+def apply_env_knobs(sim: SimOptions, env: Mapping[str, str]) -> SimOptions:
+    """``sim`` with the :data:`ENV_KNOBS` of ``env`` applied; a bad value is a ``ValueError``
+    naming the variable. Unset or empty variables change nothing."""
+    applied: list[str] = []
+
+    def read(name: str, parse: Callable[[str], float]) -> float | None:
+        raw = env.get(name, "").strip()
+        if not raw:
+            return None
+        try:
+            value = parse(raw)
+        except (ValueError, argparse.ArgumentTypeError) as exc:
+            raise ValueError(f"environment variable {name}={raw!r}: {exc}") from None
+        applied.append(f"{name}={raw}")
+        return value
+
+    slowdown = read(ENV_SLOWDOWN, _positive_float)
+    accept_scale = read(ENV_ACCEPT_SCALE, _non_negative_float)
+    noise_cv = read(ENV_NOISE_CV, _non_negative_float)
+    if not applied:
+        return sim
+    return dataclasses.replace(
+        sim,
+        slowdown=sim.slowdown * (1.0 if slowdown is None else slowdown),
+        accept_scale=sim.accept_scale * (1.0 if accept_scale is None else accept_scale),
+        noise_cv=sim.noise_cv if noise_cv is None else noise_cv,
+        env_knobs=tuple(applied),
+    )
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> ResolvedArgs:
+    """Parse a command line; unknown flags are kept in ``sim.unknown_args``, never fatal.
+
+    ``env`` (the server's environment; ``None`` = none) supplies the :data:`ENV_KNOBS`; a bad
+    value there is a usage error, like a bad flag."""
+    parser = build_parser()
+    namespace, unknown = parser.parse_known_args(argv)
+    resolved = resolve(namespace, unknown)
+    try:
+        sim = apply_env_knobs(resolved.sim, env or {})
+    except ValueError as exc:
+        parser.error(str(exc))
+    return dataclasses.replace(resolved, sim=sim)

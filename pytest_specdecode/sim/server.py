@@ -334,6 +334,7 @@ class SimServer:
             "sim_slowdown": self.sim.slowdown,
             "sim_accept_scale": self.sim.accept_scale,
             "sim_noise_cv": self.sim.noise_cv,
+            "sim_env_knobs": list(self.sim.env_knobs),
             "sim_nccl_tuning": self.nccl_share,
             "sim_communication_share": self.communication_share,
             "sim_fault": self.sim.fault,

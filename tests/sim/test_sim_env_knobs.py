@@ -1,0 +1,90 @@
+"""``SPECDECODE_SIM_*``: regressions injected from the environment, outside every profile.
+
+A real regression (a slower SGLang build, a broken draft model) changes speed while the profile,
+hence the fingerprint, stays the same. Flags in a profile's ``extra_args`` are hard fingerprint
+fields, so the plugin's end-to-end tests inject regressions through these variables instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_specdecode.sim.args import (
+    ENV_ACCEPT_SCALE,
+    ENV_NOISE_CV,
+    ENV_SLOWDOWN,
+    parse_args,
+)
+
+from .conftest import EAGLE3_2STEP, NCCL_TUNED, StartSim
+
+BASE = ["--model-path", "m"]
+
+
+def test_without_the_variables_nothing_changes() -> None:
+    flags = [*BASE, "--sim-slowdown", "1.5", "--sim-accept-scale", "0.9", "--sim-noise-cv", "0.1"]
+    flags += ["--sim-seed", "7"]
+    sim = parse_args(flags, {"UNRELATED": "1"}).sim
+    assert (sim.slowdown, sim.accept_scale, sim.noise_cv) == (1.5, 0.9, 0.1)
+    assert sim.env_knobs == ()
+    assert parse_args(flags, {ENV_SLOWDOWN: "  "}).sim.env_knobs == ()  # empty = unset
+    assert parse_args(flags).sim == sim  # no environment given: none read
+
+
+def test_slowdown_and_accept_scale_multiply_noise_replaces() -> None:
+    flags = [*BASE, "--sim-slowdown", "1.5", "--sim-accept-scale", "0.8", "--sim-noise-cv", "0.1"]
+    env = {ENV_SLOWDOWN: "2", ENV_ACCEPT_SCALE: "0.5", ENV_NOISE_CV: "0.3"}
+    sim = parse_args(flags, env).sim
+    assert sim.slowdown == pytest.approx(3.0)
+    assert sim.accept_scale == pytest.approx(0.4)
+    assert sim.noise_cv == pytest.approx(0.3)
+    assert sim.env_knobs == (
+        f"{ENV_SLOWDOWN}=2",
+        f"{ENV_ACCEPT_SCALE}=0.5",
+        f"{ENV_NOISE_CV}=0.3",
+    )
+    assert parse_args(BASE, {ENV_NOISE_CV: "0"}).sim.noise_cv == 0.0
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [(ENV_SLOWDOWN, "0"), (ENV_SLOWDOWN, "fast"), (ENV_ACCEPT_SCALE, "-1"), (ENV_NOISE_CV, "x")],
+)
+def test_a_bad_value_is_a_usage_error_naming_the_variable(
+    name: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(BASE, {name: value})
+    assert exited.value.code == 2
+    assert f"environment variable {name}={value!r}" in capsys.readouterr().err
+
+
+def test_a_live_server_applies_logs_and_reports_the_knobs(start_sim: StartSim) -> None:
+    sampling = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
+    flags = (*EAGLE3_2STEP, "--sim-seed", "3", "--sim-noise-cv", "0")
+
+    def measure(env: dict[str, str]) -> tuple[float, float, dict[str, object]]:
+        sim = start_sim(*flags, env={**NCCL_TUNED, **env})
+        meta = sim.generate({"text": "hello there", "sampling_params": sampling}).json()
+        with sim.client() as client:
+            info = client.get("/server_info").json()
+        log = sim.log()
+        sim.kill()
+        m = meta["meta_info"]
+        info["log"] = log
+        return m["e2e_latency"], m["completion_tokens"] / m["spec_verify_ct"], info
+
+    plain_latency, plain_accept, plain = measure({})
+    slow_latency, slow_accept, slow = measure({ENV_SLOWDOWN: "2", ENV_ACCEPT_SCALE: "1"})
+    assert plain["sim_env_knobs"] == []
+    assert slow["sim_slowdown"] == 2.0
+    assert slow["sim_env_knobs"] == [f"{ENV_SLOWDOWN}=2", f"{ENV_ACCEPT_SCALE}=1"]
+    banner = "injected from the environment (test knobs, not part of any profile)"
+    assert f"{banner}: {ENV_SLOWDOWN}=2 {ENV_ACCEPT_SCALE}=1" in str(slow["log"])
+    assert banner not in str(plain["log"])
+    # Same seed, same acceptance; every step twice as long (server-side time, no HTTP noise).
+    assert slow_accept == plain_accept
+    assert slow_latency / plain_latency == pytest.approx(2.0, rel=0.05)
+
+    _, low_accept, _ = measure({ENV_ACCEPT_SCALE: "0.3"})
+    assert low_accept < 0.8 * plain_accept
