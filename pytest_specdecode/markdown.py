@@ -13,27 +13,15 @@ the details are cut, with a note saying so, when the text would exceed ``max_byt
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from tabulate import tabulate
 
 from pytest_specdecode.files import atomic_write_text
-from pytest_specdecode.report import SIMULATED_BANNER, mean_ci
+from pytest_specdecode.report import SIMULATED_BANNER, TABLE_HEADERS, short_id, table_rows
 from pytest_specdecode.session import TestResult
 from pytest_specdecode.verdict import Outcome
-
-TABLE_HEADERS = (
-    "test",
-    "profile",
-    "tok/s (95% CI)",
-    "vs baseline",
-    "accept len",
-    "runs",
-    "verdict",
-)
-"""The columns of :func:`pytest_specdecode.report.results_table`."""
 
 DETAILED = (Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.NO_BASELINE, Outcome.MISMATCH)
 """Outcomes whose verdict paragraphs the summary spells out."""
@@ -59,59 +47,6 @@ def code(text: str) -> str:
 
 
 # --------------------------------------------------------------------------- table cells
-
-
-def short_id(test_id: str) -> str:
-    return test_id.split("::", 1)[-1]
-
-
-def _tok_s(result: TestResult) -> str:
-    values = result.samples.get("tok_s")
-    if not values:
-        return "-"
-    mean, half = mean_ci(values)
-    return f"{mean:.1f}" if half is None else f"{mean:.1f} ± {half:.1f}"
-
-
-def _change(checks: Sequence[Mapping[str, Any]]) -> str:
-    for check in checks:
-        if check["metric"] == "tok_s" and check["reference"] is None and "ratio" in check:
-            ratio, low, high = check["ratio"], check["ci_low"], check["ci_high"]
-            return f"{ratio - 1:+.1%} [{low - 1:+.1%}, {high - 1:+.1%}]"
-    return "-"
-
-
-def _accept(result: TestResult) -> str:
-    values = result.samples.get("accept_length")
-    if not values:
-        return "-"
-    return f"{sum(values) / len(values):.2f}"
-
-
-def _verdict(result: TestResult) -> str:
-    text = result.outcome.value.upper()
-    for check in result.checks:
-        if check["reference"] is not None and check.get("verdict"):
-            text += (
-                f"; vs {check['reference']} {check['ratio'] - 1:+.1%} {check['verdict'].upper()}"
-            )
-    return text
-
-
-def table_rows(results: Sequence[TestResult]) -> list[list[str]]:
-    """The table's cells, unescaped: one row per result, columns :data:`TABLE_HEADERS`."""
-    return [
-        [
-            short_id(result.test_id),
-            result.profile + (" (simulated)" if result.simulated else ""),
-            _tok_s(result),
-            _change(result.checks),
-            _accept(result),
-            str(result.runs),
-            _verdict(result),
-        ]
-        for result in results
-    ]
 
 
 def markdown_table(results: Sequence[TestResult]) -> str:

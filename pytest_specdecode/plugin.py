@@ -16,17 +16,20 @@ import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 
-from pytest_specdecode import report
+from pytest_specdecode import benchmark_bridge, report
 from pytest_specdecode.errors import ConfigError, SpecdecodeError
 from pytest_specdecode.markers import MARKER_HELP, MarkerSpec, parse_marker
+from pytest_specdecode.outputs import write_outputs
 from pytest_specdecode.pool import ServerCounts, ServerHandle, finish_run
 from pytest_specdecode.profiles import ALGORITHM_MARKERS
 from pytest_specdecode.readiness import Progress
+from pytest_specdecode.reports import junit_properties, make_session_info
 from pytest_specdecode.session import SpecdecodeSession, SpecdecodeTest, TestResult
 from pytest_specdecode.settings import OPTIONS, Settings, resolve
 from pytest_specdecode.verdict import Outcome
@@ -37,6 +40,8 @@ TEST_KEY = pytest.StashKey[SpecdecodeTest]()
 RESULTS_KEY = pytest.StashKey[list[TestResult]]()
 UPDATES_KEY = pytest.StashKey[list[str]]()
 SERVERS_KEY = pytest.StashKey[ServerCounts]()
+STARTED_KEY = pytest.StashKey[datetime]()
+OUTPUTS_KEY = pytest.StashKey[list[str]]()
 NODEID_KEY = pytest.StashKey[str]()  # the test id before xdist's loadgroup adds "@group"
 NEXT_SERVER_KEY = pytest.StashKey[str | None]()  # the profile this process's next test needs
 
@@ -119,6 +124,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[SESSION_KEY] = session
     config.stash[RESULTS_KEY] = []
+    config.stash[STARTED_KEY] = datetime.now(timezone.utc)
+    config.stash[OUTPUTS_KEY] = []
     config.stash[UPDATES_KEY] = []
     config.stash[SERVERS_KEY] = ServerCounts()
     if config.pluginmanager.hasplugin("xdist"):
@@ -186,6 +193,8 @@ class _ProgressLine:
         now = time.monotonic()
         if key == self._last and now - self._last_time < interval:
             return
+        if progress.phase == "ready":
+            return  # the log says so a moment before the health probe does; "ready after" follows
         if progress.elapsed < 1.0 and key[1] in ("starting", "waiting"):
             return  # a fast server needs no progress line
         self._last, self._last_time = key, now
@@ -372,9 +381,19 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         measured = test.measure()
     except SpecdecodeError as exc:
         _fail(str(exc))
-    item.config.stash[RESULTS_KEY].append(measured)
+    # JUnit XML shows these beside the test (user_properties travel with xdist reports too).
+    item.user_properties.extend(junit_properties(measured))
+    _record(item.config, measured)
     _apply_outcome(item, test, measured)
     return result
+
+
+def _record(config: pytest.Config, result: TestResult) -> None:
+    """Keep a result for the summary and outputs, and hand it to pytest-benchmark's JSON."""
+    config.stash[RESULTS_KEY].append(result)
+    benchmark_session = getattr(config, "_benchmarksession", None)
+    if benchmark_session is not None and benchmark_bridge.wants_export(benchmark_session):
+        benchmark_bridge.add_result(benchmark_session, result)
 
 
 def _apply_outcome(item: pytest.Item, test: SpecdecodeTest, result: TestResult) -> None:
@@ -429,6 +448,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             if errors:
                 config.stash[UPDATES_KEY].extend(f"ERROR: {error}" for error in errors)
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        _write_outputs(session, sd)
     except SpecdecodeError as exc:
         config.stash[UPDATES_KEY].append(f"ERROR: {exc}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -449,13 +469,36 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             config.stash[SERVERS_KEY].add(stopped)
 
 
+def _write_outputs(session: pytest.Session, sd: SpecdecodeSession) -> None:
+    """The JSON report, history line and Markdown summary (controller or single process)."""
+    config = session.config
+    results = config.stash[RESULTS_KEY]
+    info = make_session_info(
+        started=config.stash[STARTED_KEY],
+        finished=datetime.now(timezone.utc),
+        target=sd.target_if_loaded,
+        pytest_args=[str(arg) for arg in config.invocation_params.args],
+        exit_status=int(session.exitstatus),
+        run_id=sd.run_id,
+        hardware_keys=[r.hardware_key for r in results],
+    )
+    written, errors = write_outputs(
+        results, settings=sd.settings, session_info=info, env=os.environ
+    )
+    config.stash[OUTPUTS_KEY].extend(written)
+    if errors:
+        config.stash[OUTPUTS_KEY].extend(f"ERROR: {error}" for error in errors)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     if _session(config).is_xdist_worker:
         return
     results = config.stash[RESULTS_KEY]
     updates = config.stash[UPDATES_KEY]
     servers = config.stash[SERVERS_KEY].describe()
-    if not results and not updates and not servers:
+    outputs = config.stash[OUTPUTS_KEY]
+    if not results and not updates and not servers and not outputs:
         return
     terminalreporter.section("specdecode")
     for line in report.results_table(results):
@@ -474,6 +517,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         if results or updates:
             terminalreporter.write_line("")
         terminalreporter.write_line(f"servers: {servers}")
+    for line in outputs:
+        terminalreporter.write_line(line)
 
 
 class _XdistHooks:
@@ -491,7 +536,7 @@ class _XdistHooks:
         output = getattr(node, "workeroutput", {}) or {}
         config = node.config
         for data in output.get("specdecode_results", []):
-            config.stash[RESULTS_KEY].append(TestResult.from_json(data))
+            _record(config, TestResult.from_json(data))
         config.stash[SERVERS_KEY].add(ServerCounts.from_json(output.get("specdecode_servers", {})))
 
     @pytest.hookimpl(tryfirst=True)

@@ -35,7 +35,18 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
     return mean, half
 
 
-def _short_id(test_id: str) -> str:
+TABLE_HEADERS = (
+    "test",
+    "profile",
+    "tok/s (95% CI)",
+    "vs baseline",
+    "accept len",
+    "runs",
+    "verdict",
+)
+
+
+def short_id(test_id: str) -> str:
     return test_id.split("::", 1)[-1]
 
 
@@ -70,26 +81,31 @@ def _verdict(result: TestResult) -> str:
     return text
 
 
+def table_rows(results: Sequence[TestResult]) -> list[list[str]]:
+    """The table's cells, one row per result, columns :data:`TABLE_HEADERS`; shared by the
+    terminal table and the Markdown summary so the two never disagree."""
+    return [
+        [
+            short_id(result.test_id),
+            result.profile + (" (simulated)" if result.simulated else ""),
+            _tok_s(result),
+            _change(result),
+            _accept(result),
+            str(result.runs),
+            _verdict(result),
+        ]
+        for result in results
+    ]
+
+
 def results_table(results: Sequence[TestResult]) -> list[str]:
     """The summary table as lines (empty when nothing was measured)."""
     if not results:
         return []
-    rows = []
-    for result in results:
-        profile = result.profile + (" (simulated)" if result.simulated else "")
-        rows.append(
-            [
-                _short_id(result.test_id),
-                profile,
-                _tok_s(result),
-                _change(result),
-                _accept(result),
-                result.runs,
-                _verdict(result),
-            ]
-        )
-    headers = ["test", "profile", "tok/s (95% CI)", "vs baseline", "accept len", "runs", "verdict"]
-    lines = tabulate(rows, headers=headers, tablefmt="github").splitlines()
+    table = tabulate(
+        table_rows(results), headers=list(TABLE_HEADERS), tablefmt="github", disable_numparse=True
+    )
+    lines = table.splitlines()
     if any(r.simulated for r in results):
         lines.insert(0, SIMULATED_BANNER)
     return lines

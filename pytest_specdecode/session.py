@@ -112,6 +112,7 @@ def _check_json(check: Check) -> dict[str, Any]:
             n_current=c.current.n,
             n_baseline=c.baseline.n,
             baseline_mean=c.baseline.mean,
+            baseline_std=c.baseline.std,
             current_mean=c.current.mean,
             warnings=list(c.warnings),
         )
@@ -174,6 +175,11 @@ class SpecdecodeSession:
         if self._target is None:
             self.profiles()
         assert self._target is not None
+        return self._target
+
+    @property
+    def target_if_loaded(self) -> str | None:
+        """The target, if the profile file was needed in this session (else None)."""
         return self._target
 
     @property

@@ -253,6 +253,33 @@ OPTIONS: tuple[Option, ...] = (
         "DIR",
     ),
     Option(
+        "report",
+        "--specdecode-report",
+        "Write a JSON report of every measured test (samples, verdicts, fingerprints, "
+        "provenance) to PATH",
+        None,
+        _text,
+        "PATH",
+    ),
+    Option(
+        "history",
+        "--specdecode-history",
+        "Append this session's summary to a JSON-lines history file (read by "
+        "'python -m pytest_specdecode report PATH')",
+        None,
+        _text,
+        "PATH",
+    ),
+    Option(
+        "markdown",
+        "--specdecode-markdown",
+        "Write the Markdown summary to PATH (it is also appended to $GITHUB_STEP_SUMMARY "
+        "when that is set)",
+        None,
+        _text,
+        "PATH",
+    ),
+    Option(
         "request_timeout",
         "--specdecode-request-timeout",
         "Seconds one measurement request may take",
@@ -263,6 +290,7 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
+PATH_OPTIONS = ("config", "baselines", "state_dir", "report", "history", "markdown")
 
 
 @dataclass(frozen=True)
@@ -285,6 +313,9 @@ class Settings:
     max_baseline_cv: float
     hardware_key: str | None
     state_dir: Path
+    report: Path | None
+    history: Path | None
+    markdown: Path | None
     request_timeout: float
 
 
@@ -321,7 +352,7 @@ def resolve(
             value = option.parse(str(raw)) if not isinstance(raw, bool) else raw
         except ValueError as exc:
             raise ConfigError(f"invalid value {raw!r} from {where}: {exc}") from None
-        if option.name in ("config", "baselines", "state_dir"):
+        if option.name in PATH_OPTIONS:
             path = Path(str(value)).expanduser()
             value = str(path if path.is_absolute() else base / path)
         values[option.name] = value
@@ -344,5 +375,9 @@ def resolve(
             "config": Path(config),
             "baselines": Path(baselines),
             "state_dir": Path(state_dir),
+            **{
+                name: Path(values[name]) if values[name] else None
+                for name in ("report", "history", "markdown")
+            },
         }
     )

@@ -1,0 +1,75 @@
+"""The session's machine-readable outputs, written once at the end by the process that owns
+the results (the xdist controller, or the only process): the JSON report, the history line, and
+the Markdown summary for people and CI pages.
+
+One failing output never stops the others: each error is returned as a line for the terminal
+summary, and the caller makes the session fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_specdecode.errors import SpecdecodeError
+from pytest_specdecode.history import append_history, history_record
+from pytest_specdecode.markdown import markdown_summary, write_markdown
+from pytest_specdecode.reports import build_report, write_report
+from pytest_specdecode.session import TestResult
+from pytest_specdecode.settings import Settings
+
+
+def write_outputs(
+    results: Sequence[TestResult],
+    *,
+    settings: Settings,
+    session_info: Mapping[str, Any],
+    env: Mapping[str, str],
+) -> tuple[list[str], list[str]]:
+    """Write what the settings ask for; return (lines saying what was written, error lines)."""
+    written: list[str] = []
+    errors: list[str] = []
+
+    def attempt(what: str, path: Path, action: Any) -> None:
+        try:
+            action()
+        except (OSError, SpecdecodeError, ValueError) as exc:
+            errors.append(f"could not write the {what} to {path}: {exc}")
+        else:
+            written.append(f"{what}: {path}")
+
+    if settings.report is not None:
+        report_path = settings.report
+        attempt(
+            "JSON report",
+            report_path,
+            lambda: write_report(report_path, build_report(results, session_info=session_info)),
+        )
+    if not results:
+        return written, errors  # a history line or summary of nothing helps nobody
+    if settings.history is not None:
+        history_path = settings.history
+        attempt(
+            "history",
+            history_path,
+            lambda: append_history(
+                history_path, history_record(results, session_info=session_info)
+            ),
+        )
+    summary = markdown_summary(results)
+    step_summary = env.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        attempt(
+            "Markdown summary",
+            Path(step_summary),
+            lambda: write_markdown(Path(step_summary), summary, append=True),
+        )
+    if settings.markdown is not None:
+        markdown_path = settings.markdown
+        attempt(
+            "Markdown summary",
+            markdown_path,
+            lambda: write_markdown(markdown_path, summary, append=False),
+        )
+    return written, errors

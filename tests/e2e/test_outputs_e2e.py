@@ -1,0 +1,136 @@
+"""Nightly CI's outputs, produced by real sessions: the JSON report, JUnit properties, the
+Markdown summary, pytest-benchmark's JSON, the history file and the trend command."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import jsonschema
+
+from pytest_specdecode.reports import REPORT_SCHEMA_PATH
+
+TESTS = """
+import pytest
+
+@pytest.mark.specdecode("eagle3", workload="fast", tok_s=-0.5, accept_length=-0.5)
+def test_eagle3():
+    pass
+
+@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.5)
+def test_nospec():
+    pass
+"""
+
+RUNS = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG file"
+    width, height = struct.unpack(">II", header[16:24])
+    return width, height
+
+
+def test_every_output_of_a_nightly_session(project, monkeypatch):
+    project.tests(TESTS)
+    project.run("--update-baselines", "--specdecode-baseline-runs", "3").assert_outcomes(passed=2)
+
+    step_summary = project.path / "step-summary.md"
+    step_summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
+    result = project.run(
+        *RUNS,
+        "--specdecode-report=out/report.json",
+        "--specdecode-history=out/history.jsonl",
+        "--specdecode-markdown=out/summary.md",
+        "--junitxml=out/junit.xml",
+        "--benchmark-json=benchmark.json",
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*JSON report: *out/report.json*", "*history: *history.jsonl*"])
+    out = project.path / "out"
+
+    # The JSON report validates against its published schema and holds the raw samples.
+    report = json.loads((out / "report.json").read_text())
+    jsonschema.validate(report, json.loads(REPORT_SCHEMA_PATH.read_text()))
+    tests = {t["test_id"].split("::")[-1]: t for t in report["tests"]}
+    assert set(tests) == {"test_eagle3", "test_nospec"}
+    assert len(tests["test_eagle3"]["samples"]["tok_s"]) == 3
+    assert tests["test_eagle3"]["simulated"] is True
+
+    # JUnit shows the verdict and the figures beside each test case.
+    cases = {c.get("name"): c for c in ET.parse(out / "junit.xml").getroot().iter("testcase")}
+    props = {p.get("name"): p.get("value") for p in cases["test_eagle3"].iter("property")}
+    assert props["specdecode_profile"] == "eagle3"
+    assert props["specdecode_outcome"] == "pass"
+    assert float(props["specdecode_tok_s_mean"]) > 0
+    assert float(props["specdecode_accept_length_mean"]) > 1
+
+    # The Markdown summary went to the user's path and was appended to the CI step summary.
+    markdown = (out / "summary.md").read_text()
+    assert "| test_eagle3 " in markdown
+    assert "SIMULATED" in markdown
+    step_text = step_summary.read_text()
+    assert step_text.startswith("earlier step\n")
+    assert "| test_nospec " in step_text
+
+    # pytest-benchmark's own JSON holds one entry per measured test, one round per run; its
+    # time unit is seconds per output token, so its ops column is tok/s.
+    bench = json.loads((project.path / "benchmark.json").read_text())
+    entries = {b["name"]: b for b in bench["benchmarks"]}
+    eagle = entries["test_eagle3"]
+    assert eagle["group"] == "specdecode:eagle3"
+    assert eagle["stats"]["rounds"] == 3
+    samples = eagle["extra_info"]["tok_s"]
+    assert [round(1 / t, 12) for t in eagle["stats"]["data"]] == [round(v, 12) for v in samples]
+    assert abs(eagle["stats"]["ops"] - len(samples) / sum(1 / v for v in samples)) < 1e-6
+    assert eagle["extra_info"]["accept_length_mean"] > 1
+
+    # A second night appends one more history line; the trend command reads both and draws.
+    project.run(*RUNS, "--specdecode-history=out/history.jsonl").assert_outcomes(passed=2)
+    lines = (out / "history.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    assert all(json.loads(line) for line in lines)
+    trend = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest_specdecode",
+            "report",
+            str(out / "history.jsonl"),
+            "--png",
+            str(out / "trend.png"),
+            "--size",
+            "800x500",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert trend.returncode == 0, trend.stderr
+    assert "test_eagle3" in trend.stdout
+    assert "SIMULATED" in trend.stdout
+    assert _png_size(out / "trend.png") == (800, 500)
+
+
+def test_under_xdist_the_controller_writes_one_history_line(project):
+    project.tests(TESTS)
+    project.run("--update-baselines", "--specdecode-baseline-runs", "3").assert_outcomes(passed=2)
+    for _ in range(2):
+        result = project.run("-n", "2", *RUNS, "--specdecode-history=history.jsonl")
+        result.assert_outcomes(passed=2)
+    records = [
+        json.loads(line) for line in (project.path / "history.jsonl").read_text().splitlines()
+    ]
+    assert len(records) == 2  # one line per session, not one per worker
+    for record in records:
+        assert sorted(t["test_id"].split("::")[-1] for t in record["tests"]) == [
+            "test_eagle3",
+            "test_nospec",
+        ]
