@@ -29,9 +29,10 @@ Errors are ``RequestError``s naming the URL (credentials removed) and never the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Protocol, TypeVar
@@ -405,7 +406,7 @@ def _reconcile(times: list[float], counts: list[int], total: int) -> tuple[list[
     return kept_times, kept_counts
 
 
-async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+async def _sse_data(lines: AsyncIterator[str]) -> AsyncGenerator[str, None]:
     """The ``data`` payload of each server-sent event (multi-line data joined with newlines)."""
     data: list[str] = []
     async for line in lines:
@@ -475,6 +476,9 @@ class MeasurementClient:
         """Close the HTTP connections and the event loop; the client cannot be used afterwards."""
         if self._loop is not None:
             self._loop.run_until_complete(self._http.aclose())
+            # httpx's line iterators of finished streams are async generators too; finalise
+            # them on this loop instead of leaving "Task was destroyed" to the garbage collector.
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
             self._loop = None
 
@@ -602,20 +606,26 @@ class MeasurementClient:
                     f"expected an event stream (text/event-stream), got content-type "
                     f"{content_type!r}: {_excerpt(response.text)}"
                 )
-            async for payload in _sse_data(response.aiter_lines()):
-                now = time.perf_counter()
-                if payload.strip() == "[DONE]":
-                    timeline.done = True
-                    break  # SGLang ends the response here; bench_serving does not reuse it either
-                try:
-                    data = json.loads(payload)
-                except json.JSONDecodeError as exc:
-                    raise RequestError(
-                        f"malformed event in the stream (not JSON, {exc.msg}): {_excerpt(payload)}"
-                    ) from exc
-                update = adapter.parse_event(data)
-                if update is not None:
-                    timeline.apply(update, now)
+            # aclosing: leaving the loop early (at [DONE] or on an error) must close the
+            # generator here, not leave it to the garbage collector on a stopped event loop.
+            events = contextlib.aclosing(_sse_data(response.aiter_lines()))
+            async with events as stream:
+                async for payload in stream:
+                    now = time.perf_counter()
+                    if payload.strip() == "[DONE]":
+                        timeline.done = True
+                        # SGLang ends the response here; bench_serving does not reuse it either.
+                        break
+                    try:
+                        data = json.loads(payload)
+                    except json.JSONDecodeError as exc:
+                        raise RequestError(
+                            f"malformed event in the stream (not JSON, {exc.msg}): "
+                            f"{_excerpt(payload)}"
+                        ) from exc
+                    update = adapter.parse_event(data)
+                    if update is not None:
+                        timeline.apply(update, now)
         t_end = time.perf_counter()
         if not timeline.done or timeline.finish_reason is None:
             missing = "[DONE]" if timeline.finish_reason is not None else "a final chunk"
