@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -31,7 +32,9 @@ from pytest_specdecode.profiles import (
     FIRST_CLASS_FLAGS,
     LAUNCHERS,
     PROFILE_KEYS,
+    SGLANG_MODULE,
     SGLANG_OVERWRITTEN_ENV,
+    SIM_MODULE,
     SIMULATED_LAUNCHERS,
     SPEC_ALGORITHMS,
     SPECULATIVE_KEYS,
@@ -250,18 +253,27 @@ class _Loader:
         launcher: str = merged.get("launcher", DEFAULT_LAUNCHER)
         tp_size: int = merged.get("tp_size", 1)
         extra_args: tuple[str, ...] = tuple(merged.get("extra_args", ()))
-        if launcher not in SIMULATED_LAUNCHERS:
+        server_module: str | None = merged.get("server_module")
+        if server_module is not None and launcher in SIMULATED_LAUNCHERS:
+            raise ConfigError(
+                f"server_module = {server_module!r} does not apply to launcher {launcher!r}, "
+                f"which always runs {SIM_MODULE}; remove it",
+                source=where,
+            )
+        simulated = launcher in SIMULATED_LAUNCHERS or server_module == SIM_MODULE
+        if not simulated:
             sim_flags = [flag for flag, _ in flag_groups(extra_args) if flag.startswith("--sim-")]
             if sim_flags:
                 raise ConfigError(
                     f"extra_args {sim_flags} are knobs of the simulated server, but launcher "
-                    f"is {launcher!r}; put them in a [targets.sim] overlay",
+                    f"is {launcher!r} running {server_module or SGLANG_MODULE}; put them in a "
+                    f"[targets.sim] overlay (or set server_module = {SIM_MODULE!r})",
                     source=where,
                 )
         gpus = merged.get("gpus")
         if gpus is None:
-            gpus = () if launcher in SIMULATED_LAUNCHERS else tuple(range(tp_size))
-        if launcher not in SIMULATED_LAUNCHERS and len(gpus) < tp_size:
+            gpus = () if simulated else tuple(range(tp_size))
+        if not simulated and len(gpus) < tp_size:
             raise ConfigError(
                 f"gpus = {list(gpus)} gives {len(gpus)} GPU(s), but tp_size = {tp_size} needs "
                 f"at least {tp_size}; list more GPUs or leave gpus out (default: the first "
@@ -298,6 +310,7 @@ class _Loader:
             port=merged.get("port"),
             startup_timeout=merged.get("startup_timeout", DEFAULT_STARTUP_TIMEOUT),
             warmup_requests=merged.get("warmup_requests", DEFAULT_WARMUP_REQUESTS),
+            server_module=server_module,
             python=merged.get("python") if launcher == "sglang" else None,
             docker=docker,
             api_key_env=merged.get("api_key_env"),
@@ -395,6 +408,13 @@ def _choice(value: object, key: str, where: str, choices: Sequence[str]) -> str:
         _fail(where, key, value, f"must be one of {', '.join(repr(c) for c in choices)}")
     assert isinstance(value, str)
     return value
+
+
+def _module_name(value: object, key: str, where: str) -> str:
+    text = _string(value, key, where)
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", text):
+        _fail(where, key, value, "must be a dotted Python module name, run as `python -m MODULE`")
+    return text
 
 
 def _launcher(value: object, key: str, where: str) -> str:
@@ -599,6 +619,7 @@ _VALIDATORS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyTy
         "mem_fraction_static": _mem_fraction,
         "extra_args": _extra_args,
         "python": _string,
+        "server_module": _module_name,
         "image": _string,
         "shm_size": _shm_size,
         "volumes": _volumes,

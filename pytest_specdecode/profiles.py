@@ -128,8 +128,8 @@ not known here)."""
 
 PROFILE_KEYS: tuple[str, ...] = (
     "description", "launcher", "model_path", "tp_size", "speculative", "mem_fraction_static",
-    "extra_args", "env", "python", "image", "shm_size", "volumes", "network", "gpus", "host",
-    "port", "startup_timeout", "warmup_requests", "api_key_env",
+    "extra_args", "env", "python", "server_module", "image", "shm_size", "volumes", "network",
+    "gpus", "host", "port", "startup_timeout", "warmup_requests", "api_key_env",
 )  # fmt: skip
 SPECULATIVE_KEYS: tuple[str, ...] = (
     "algorithm", "draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens",
@@ -238,6 +238,9 @@ class ServerProfile:
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     warmup_requests: int = DEFAULT_WARMUP_REQUESTS
     python: str | None = None  # sglang launcher only; None = the interpreter running pytest
+    # The Python module that serves (sglang and docker launchers): SGLang's launch_server by
+    # default; "pytest_specdecode.sim" runs the simulated server, e.g. in a container.
+    server_module: str | None = None
     docker: DockerOptions | None = None
     api_key_env: str | None = None
     target: str = TARGET_REAL
@@ -256,7 +259,14 @@ class ServerProfile:
 
     @property
     def simulated(self) -> bool:
-        return self.launcher in SIMULATED_LAUNCHERS
+        return self.launcher in SIMULATED_LAUNCHERS or self.module == SIM_MODULE
+
+    @property
+    def module(self) -> str:
+        """The module that serves: the sim for launcher ``sim``, else ``server_module``."""
+        if self.launcher in SIMULATED_LAUNCHERS:
+            return SIM_MODULE
+        return self.server_module or SGLANG_MODULE
 
     def server_args(self, *, host: str, port: int) -> list[str]:
         """The SGLang flags of this profile. Never the API key: the launcher adds
@@ -273,11 +283,11 @@ class ServerProfile:
         """The full command: interpreter, module, :meth:`server_args`. For docker it is the
         container's command (the image brings its own interpreter)."""
         if self.launcher == "sim":
-            head = [sys.executable, "-m", SIM_MODULE]
+            head = [sys.executable, "-m", self.module]
         elif self.launcher == "docker":
-            head = [DOCKER_PYTHON, "-m", SGLANG_MODULE]
+            head = [DOCKER_PYTHON, "-m", self.module]
         else:
-            head = [self.python or sys.executable, "-m", SGLANG_MODULE]
+            head = [self.python or sys.executable, "-m", self.module]
         return head + self.server_args(host=host, port=port)
 
     def launch_env(self, base: Mapping[str, str]) -> dict[str, str]:
@@ -347,6 +357,8 @@ class ServerProfile:
             "env": dict(self.env),
         }
         soft: dict[str, object] = {"launcher": self.launcher}
+        if self.server_module is not None:
+            soft["server_module"] = self.module
         if self.launcher == "sglang":
             soft["python"] = self.python or sys.executable
         if self.docker is not None:

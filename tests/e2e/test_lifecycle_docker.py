@@ -4,12 +4,11 @@ Needs the engine and the image ``pytest-specdecode-sim:local`` (``bash
 scripts/provision-docker.sh``); without them these tests are skipped, unless
 ``SPECDECODE_REQUIRE_DOCKER=1`` (CI), which makes them fail.
 
-Through the plugin, a docker profile always asks for GPUs and runs ``python3 -m
-sglang.launch_server`` (profiles.py), which the sim image cannot satisfy on a machine without
-GPUs; so the plugin-level test here is the failure a GPU-less engine gives. The lifecycle itself
-(launch, readiness from the container's log, stop and removal, keep-alive across sessions through
-the recorded container id, crash during load) runs through :class:`ServerPool` on an image
-derived from the sim image, in which ``sglang.launch_server`` is a shim that runs the sim.
+Through the plugin, a docker profile with ``server_module = "pytest_specdecode.sim"`` runs the
+sim image without GPUs: launch, measurement, keep-alive and removal as users configure them; a
+GPU profile on an engine without the NVIDIA toolkit fails at once with the engine's reason. The
+pool-level tests drive :class:`ServerPool` directly on an image derived from the sim image in
+which ``sglang.launch_server`` is a shim, so the default module path is exercised as well.
 """
 
 from __future__ import annotations
@@ -314,3 +313,63 @@ def test_pool_reports_a_container_that_exits_while_loading_with_its_code_and_log
     assert time.monotonic() - again < 0.5
     assert pool.counts.launched[profile_name] == 1
     assert pool.counts.failed[profile_name] == 1
+
+
+# -- the plugin's docker launcher, as users configure it ------------------------------------
+
+PLUGIN_DOCKER_PROFILES = """
+[defaults]
+launcher = "docker"
+image = "pytest-specdecode-sim:local"
+server_module = "pytest_specdecode.sim"   # the simulated server inside the container
+network = "host"
+tp_size = 8
+model_path = "/models/tiny-llm"
+startup_timeout = 60
+warmup_requests = 1
+
+[profiles.{name}]
+extra_args = ["--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1"]
+
+[workloads.fast]
+max_new_tokens = 64
+requests_per_run = 2
+warmup_requests = 1
+"""
+
+PLUGIN_DOCKER_TEST = """
+import pytest
+
+@pytest.mark.specdecode("{name}", workload="fast", tok_s=-0.5)
+def test_in_a_container():
+    pass
+"""
+
+
+def test_the_plugin_runs_the_sim_image_in_a_container_and_removes_it(
+    project, engine: docker.DockerClient, profile_name: str
+) -> None:
+    """A docker profile through the plugin: the container is launched (no GPUs: the server is
+    simulated), measured, kept alive across two sessions, reused, and removed at the end."""
+    project.profiles(PLUGIN_DOCKER_PROFILES.format(name=profile_name))
+    project.tests(PLUGIN_DOCKER_TEST.format(name=profile_name))
+    argv = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
+
+    recorded = project.run("--update-baselines", "--specdecode-baseline-runs", "3")
+    recorded.assert_outcomes(passed=1)
+    recorded.stdout.fnmatch_lines(
+        [f"*{profile_name}: starting (docker)*", f"*{profile_name} (simulated)*RECORDED*"]
+    )
+    assert containers_of(engine, profile_name) == []  # stopped and removed after its last test
+
+    kept = project.run(*argv, "--specdecode-keep-server")
+    kept.assert_outcomes(passed=1)
+    kept.stdout.fnmatch_lines(["*left running for the next session*"])
+    running = containers_of(engine, profile_name)
+    assert len(running) == 1
+    assert running[0].status == "running"
+
+    reused = project.run(*argv)
+    reused.assert_outcomes(passed=1)
+    reused.stdout.fnmatch_lines([f"*servers: {profile_name} launched 0, reused 1, stopped 1*"])
+    assert containers_of(engine, profile_name) == []

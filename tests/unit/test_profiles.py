@@ -972,3 +972,40 @@ def test_profiles_are_frozen_hashable_and_picklable(tmp_path: Path) -> None:
         p.env["NCCL_PROTO"] = "Simple"  # type: ignore[index]
     assert pickle.loads(pickle.dumps(p)) == p
     assert {p: 1}[dataclasses.replace(p)] == 1
+
+
+def test_server_module_runs_the_sim_in_a_container(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(
+        """
+[profiles.boxed]
+launcher = "docker"
+image = "pytest-specdecode-sim:local"
+server_module = "pytest_specdecode.sim"
+model_path = "/m"
+tp_size = 8
+extra_args = ["--sim-speed", "10"]
+"""
+    )
+    profile = load_profiles(path).profiles["boxed"]
+    assert profile.simulated
+    assert profile.gpus == ()  # a simulated server needs no GPUs, even at tp_size 8
+    argv = profile.launch_argv(host="127.0.0.1", port=1234)
+    assert argv[:3] == ["python3", "-m", "pytest_specdecode.sim"]
+    assert profile.fingerprint().hard["launcher_class"] == "simulated"
+    assert profile.fingerprint().soft["server_module"] == "pytest_specdecode.sim"
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('launcher = "sim"\nserver_module = "x.y"', "does not apply to launcher 'sim'"),
+        ('launcher = "sglang"\nserver_module = "not a module"', "dotted Python module name"),
+        ('launcher = "sglang"\nextra_args = ["--sim-speed", "2"]', "set server_module"),
+    ],
+)
+def test_server_module_errors(tmp_path, table, message):
+    path = tmp_path / "p.toml"
+    path.write_text(f'[profiles.x]\nmodel_path = "/m"\n{table}\n')
+    with pytest.raises(ConfigError, match=message):
+        load_profiles(path)
