@@ -56,13 +56,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     for option in OPTIONS:
         default = "" if option.default is None else f" (default: {option.default})"
+        # argparse %-formats command-line help ("8%" would crash `pytest --help`); ini help
+        # is printed as it is.
+        cli_help = (option.help + ("" if option.is_flag else default)).replace("%", "%%")
         if option.is_flag:
             group.addoption(
                 option.flag,
                 action="store_true",
                 dest=f"specdecode_{option.name}",
                 default=None,
-                help=option.help,
+                help=cli_help,
             )
         else:
             group.addoption(
@@ -70,7 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 dest=f"specdecode_{option.name}",
                 metavar=option.metavar,
                 default=None,
-                help=option.help + default,
+                help=cli_help,
             )
         if option.ini:
             parser.addini(option.ini_key, option.help + default, default=None)
