@@ -462,7 +462,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             workeroutput["specdecode_servers"] = sd.pool.counts.to_json()
         else:
             config.stash[SERVERS_KEY].add(sd.pool.counts)
-        if config.pluginmanager.hasplugin("xdist") and not sd.is_xdist_worker:
+        # The xdist controller (DSession) stops what its workers started; without -n, sd.close()
+        # above already did.
+        if config.pluginmanager.hasplugin("dsession") and not sd.is_xdist_worker:
             stopped = finish_run(
                 sd.settings.state_dir,
                 sd.run_id,

@@ -500,6 +500,8 @@ class ServerPool:
 
     def close(self) -> None:
         """End of this process's session: stop what it owns, or keep the last one alive."""
+        if not self.state.path.exists():
+            return  # nothing was ever launched or recorded: leave no state directory behind
         with self.state.edit() as entries:
             for entry in entries.values():
                 entry.leases.pop(self._lease, None)
@@ -543,6 +545,8 @@ def finish_run(
     emit = on_event or (lambda message: None)
     counts = ServerCounts()
     state = StateFile(state_dir)
+    if not state.path.exists():
+        return ServerCounts()  # the workers launched nothing
     with state.edit() as entries:
         owned = sorted(
             (e for e in entries.values() if e.owner and e.owner.run == run_id),
