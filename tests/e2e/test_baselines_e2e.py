@@ -278,7 +278,8 @@ def test_a_hard_mismatch_is_never_compared(quiet_project: Project) -> None:
     text = toml.read_text()
     # EAGLE3 now drafts 3 steps; the no-speculation server lost its NCCL tuning (the seed's
     # 62.9 vs 88.8 tok/s).
-    steps = "num_steps = {}, eagle_topk = 1, num_draft_tokens = {}"
+    steps = "num_steps = {}\neagle_topk = 1\nnum_draft_tokens = {}\n"
+    assert steps.format(2, 3) in text
     text = text.replace(steps.format(2, 3), steps.format(3, 4))
     text = text.replace('[profiles.nospec]\nenv = "nccl_tuned"\n', "[profiles.nospec]\n")
     toml.write_text(text)

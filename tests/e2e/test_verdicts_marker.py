@@ -211,7 +211,8 @@ def test_a_measurement_without_thresholds_is_reported_not_judged(project: Projec
     result = project.run()  # no baseline stored, and none needed
     result.assert_outcomes(passed=1)
     row = next(line for line in result.stdout.lines if line.startswith("| test_just_measure"))
-    assert re.search(r"\| nospec \(simulated\) \| \d+\.\d ± \d+\.\d +\| - .*\| +2 \| MEASURED", row)
+    measured = r"\| nospec \(simulated\) \| \d+\.\d ± \d+\.\d +\| - .*\| +2 +\| MEASURED"
+    assert re.search(measured, row)
 
 
 def test_one_run_from_the_command_line_is_a_usage_error(project: Project) -> None:
