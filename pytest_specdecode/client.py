@@ -1,27 +1,14 @@
 """The measurement client: sends a workload's requests and records what happened to each.
 
-What differs between backends and APIs lives in one small *protocol adapter* per API
-(``SglangGenerate``, ``OpenAICompletions``): the request path and body, and how one response body
-or one stream event is read into a ``ParsedUpdate``. Everything else (HTTP, timeouts, SSE
-framing, token timelines, errors, concurrency) is shared by ``MeasurementClient``. A llama.cpp
-adapter (``timings.draft_n``/``draft_n_accepted``) is meant to be one more such class.
-
-Token counting in streams (see ``reference/sglang-api.md`` §2.4, §3):
-
-* SGLang ``/generate`` chunks carry the cumulative ``meta_info.completion_tokens``; one chunk can
-  carry several tokens (a verify step accepts several), so each chunk records its arrival time
-  and cumulative count, and metrics split the gap over the tokens it brought (bench_serving).
-* OpenAI ``/v1/completions`` chunks carry text deltas. The client asks for
-  ``stream_options.continuous_usage_stats`` (SGLang then attaches a cumulative ``usage`` to every
-  chunk, giving exact counts) and ``include_usage`` (a final usage-only chunk). A server that
-  ignores ``continuous_usage_stats`` gets each non-empty text chunk counted as one token, and the
-  counts are then scaled to the final ``usage.completion_tokens``: totals are exact, but the
-  per-chunk split, hence ITL, is an even-spread approximation (bench_serving retokenizes each
-  chunk's text instead, which needs the model's tokenizer).
-* OpenAI responses carry spec fields only on SGLang 2026+ (era D), as
-  ``sglext.spec_tokens_details`` when the request sets ``return_spec_tokens_details``. The client
-  always sets it: SGLang's request models ignore unknown fields, as does llama.cpp, so older
-  servers simply return no spec fields (``spec_verify_ct`` None).
+What differs between servers and APIs lives in the protocol adapters
+(:mod:`pytest_specdecode.adapters`): the request path, body and headers, and how one response
+body or one stream event is read. Which adapter a server gets is its backend's choice
+(:mod:`pytest_specdecode.backends`), passed in as ``adapters``. Everything else is shared here:
+HTTP, timeouts, SSE framing, token timelines (one chunk can carry several tokens, e.g. a verify
+step that accepts several: each chunk records its arrival time and cumulative count, and the
+metrics split the gap over the tokens it brought, as bench_serving does), errors and
+concurrency, plus plain GETs (:meth:`MeasurementClient.get`) for the backends' housekeeping
+routes (``/server_info``, ``/flush_cache``, ``/props``, ``/metrics``).
 
 Errors are ``RequestError``s naming the URL (credentials removed) and never the API key.
 """
@@ -32,18 +19,26 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import httpx
 
+from pytest_specdecode.adapters import (
+    ParsedUpdate,
+    ProtocolAdapter,
+    adapter_for,
+    error_message,
+    excerpt,
+)
 from pytest_specdecode.errors import ConfigError, RequestError
-from pytest_specdecode.workloads import APIS, Prompt, Workload
+from pytest_specdecode.workloads import Prompt, Workload
 
 _T = TypeVar("_T")
-_EXCERPT_CHARS = 300
+AdapterFactory = Callable[..., ProtocolAdapter]
+"""``factory(api, model=...)``: the adapter for a workload's api (a backend's ``adapter``)."""
 
 
 # --- records -----------------------------------------------------------------------------------
@@ -97,220 +92,6 @@ class RunRecord:
     def wall_s(self) -> float:
         """Wall time of the whole run (s), the denominator of tok/s."""
         return self.t_end - self.t_start
-
-
-# --- protocol adapters -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ParsedUpdate:
-    """What one response body or one stream event says about a request.
-
-    ``completion_tokens`` is a cumulative count stated by the server. ``summary`` marks counts
-    that describe the whole request rather than tokens arriving now (OpenAI's final usage-only
-    chunk). ``has_text`` says the event carried generated text (used to count tokens when the
-    server states no count per chunk).
-    """
-
-    completion_tokens: int | None = None
-    has_text: bool = False
-    summary: bool = False
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    finish_reason: str | None = None
-    spec_verify_ct: int | None = None
-    spec: Mapping[str, object] = field(default_factory=dict)
-    server_e2e_latency: float | None = None
-
-
-class ProtocolAdapter(Protocol):
-    """One backend API: how to build a request and read its response or stream events.
-
-    Parse methods raise ``RequestError`` (without a URL; the client adds it) for an error object
-    or a body of the wrong shape.
-    """
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def streaming(self) -> bool: ...
-
-    def request(self, prompt: Prompt, workload: Workload) -> tuple[str, dict[str, object]]:
-        """The path and JSON body of one request."""
-        ...
-
-    def parse_final(self, body: object) -> ParsedUpdate:
-        """A non-streaming response body."""
-        ...
-
-    def parse_event(self, data: object) -> ParsedUpdate | None:
-        """One decoded SSE ``data`` object; None if it says nothing about the request."""
-        ...
-
-
-@dataclass(frozen=True)
-class SglangGenerate:
-    """SGLang's native ``POST /generate``: cumulative ``meta_info`` in every chunk, spec fields
-    and ``e2e_latency`` in the final one."""
-
-    streaming: bool
-
-    @property
-    def name(self) -> str:
-        return "generate-stream" if self.streaming else "generate"
-
-    def request(self, prompt: Prompt, workload: Workload) -> tuple[str, dict[str, object]]:
-        sampling_params = {
-            "temperature": workload.temperature,
-            "max_new_tokens": workload.max_new_tokens,
-            "ignore_eos": workload.ignore_eos,
-        }
-        return "/generate", {
-            "text": prompt.text,
-            "sampling_params": sampling_params,
-            "stream": self.streaming,
-        }
-
-    def parse_final(self, body: object) -> ParsedUpdate:
-        return self.parse_event(body)  # a non-streaming body has the shape of a final chunk
-
-    def parse_event(self, data: object) -> ParsedUpdate:
-        obj = _json_object(data, "a /generate response")
-        _raise_if_error(obj)
-        meta = _json_object(obj.get("meta_info"), "meta_info of a /generate response")
-        finish = meta.get("finish_reason")
-        finish_reason = None
-        if isinstance(finish, Mapping):
-            finish_reason = str(finish.get("type"))
-            if finish_reason == "abort":
-                raise RequestError(f"the server aborted the request: {finish.get('message')!r}")
-        elif finish is not None:
-            finish_reason = str(finish)
-        return ParsedUpdate(
-            completion_tokens=_count(meta, "completion_tokens", required=True),
-            has_text=bool(obj.get("text")),
-            prompt_tokens=_count(meta, "prompt_tokens"),
-            cached_tokens=_count(meta, "cached_tokens"),
-            finish_reason=finish_reason,
-            spec_verify_ct=_count(meta, "spec_verify_ct"),
-            spec=_spec_fields(meta),
-            server_e2e_latency=_number(meta.get("e2e_latency")),
-        )
-
-
-@dataclass(frozen=True)
-class OpenAICompletions:
-    """OpenAI-compatible ``POST /v1/completions`` (SGLang extension ``ignore_eos``)."""
-
-    streaming: bool
-    model: str | None = None
-
-    @property
-    def name(self) -> str:
-        return "completions-stream" if self.streaming else "completions"
-
-    def request(self, prompt: Prompt, workload: Workload) -> tuple[str, dict[str, object]]:
-        body: dict[str, object] = {
-            "prompt": prompt.text,
-            "max_tokens": workload.max_new_tokens,
-            "temperature": workload.temperature,
-            "ignore_eos": workload.ignore_eos,
-            "stream": self.streaming,
-            "return_spec_tokens_details": True,
-        }
-        if self.model is not None:
-            body["model"] = self.model  # SGLang and llama.cpp do not need it
-        if self.streaming:
-            body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-        return "/v1/completions", body
-
-    def parse_final(self, body: object) -> ParsedUpdate:
-        update = self.parse_event(body)
-        if update.completion_tokens is None:
-            raise RequestError("the response has no usage.completion_tokens")
-        return replace(update, summary=True)
-
-    def parse_event(self, data: object) -> ParsedUpdate:
-        obj = _json_object(data, "a /v1/completions response")
-        _raise_if_error(obj)
-        choices = obj.get("choices") or []
-        if not isinstance(choices, list):
-            raise RequestError(f"'choices' is not a list: {_excerpt(choices)}")
-        choice = _json_object(choices[0], "a choice") if choices else {}
-        text = choice.get("text")
-        usage = obj.get("usage")
-        usage = _json_object(usage, "usage") if usage is not None else {}
-        details = usage.get("prompt_tokens_details")
-        cached = _count(details, "cached_tokens") if isinstance(details, Mapping) else None
-        sglext = obj.get("sglext")
-        spec_details = sglext.get("spec_tokens_details") if isinstance(sglext, Mapping) else None
-        spec_details = spec_details if isinstance(spec_details, Mapping) else {}
-        finish = choice.get("finish_reason")
-        if finish == "abort":
-            raise RequestError("the server aborted the request (finish_reason 'abort')")
-        return ParsedUpdate(
-            completion_tokens=_count(usage, "completion_tokens"),
-            has_text=isinstance(text, str) and text != "",
-            summary=not choices,
-            prompt_tokens=_count(usage, "prompt_tokens"),
-            cached_tokens=cached,
-            finish_reason=None if finish is None else str(finish),
-            spec_verify_ct=_count(spec_details, "spec_verify_ct"),
-            spec=_spec_fields(spec_details),
-        )
-
-
-def adapter_for(api: str, *, model: str | None = None) -> ProtocolAdapter:
-    """The adapter for a workload's ``api`` (``model`` is sent by OpenAI-style APIs if given)."""
-    if api in ("generate", "generate-stream"):
-        return SglangGenerate(streaming=api == "generate-stream")
-    if api in ("completions", "completions-stream"):
-        return OpenAICompletions(streaming=api == "completions-stream", model=model)
-    raise ConfigError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
-
-
-def _json_object(value: object, what: str) -> Mapping[str, object]:
-    if not isinstance(value, Mapping):
-        raise RequestError(f"expected {what} to be a JSON object, got {_excerpt(value)}")
-    return value
-
-
-def _raise_if_error(obj: Mapping[str, object]) -> None:
-    # SGLang sends {"error": {...}} inside a 200 stream; OpenAI-style servers may send an
-    # ErrorResponse ({"object": "error", "message": ...}).
-    if obj.get("error") is not None or obj.get("object") == "error":
-        raise RequestError(f"the server reported an error: {_error_message(obj)}")
-
-
-def _error_message(obj: Mapping[str, object]) -> str:
-    error = obj.get("error", obj)
-    if isinstance(error, Mapping) and isinstance(error.get("message"), str):
-        return str(error["message"])
-    return _excerpt(error)
-
-
-def _count(mapping: Mapping[str, object], key: str, *, required: bool = False) -> int | None:
-    value = mapping.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise RequestError(f"expected {key} to be a count, got {_excerpt(value)}")
-    return value
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _spec_fields(mapping: Mapping[str, object]) -> dict[str, object]:
-    return {k: v for k, v in mapping.items() if k.startswith("spec_") and k != "spec_verify_ct"}
-
-
-def _excerpt(value: object) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=repr)
-    text = " ".join(text.split())
-    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "…"
 
 
 # --- stream state ------------------------------------------------------------------------------
@@ -432,7 +213,9 @@ class MeasurementClient:
     A synchronous API over asyncio + ``httpx.AsyncClient``: the client owns a private event loop,
     so call it from synchronous code only, and from one thread. ``connect_timeout`` bounds each
     connection attempt; ``request_timeout`` bounds each request from sending to the last byte
-    (and so any silence within it). ``transport`` is for tests (``httpx.MockTransport``).
+    (and so any silence within it). ``adapters(api, model=...)`` chooses the protocol adapter
+    for a workload's api (default: SGLang's, :func:`~pytest_specdecode.adapters.adapter_for`).
+    ``transport`` is for tests (``httpx.MockTransport``).
     """
 
     def __init__(
@@ -441,6 +224,7 @@ class MeasurementClient:
         *,
         api_key: str | None = None,
         model: str | None = None,
+        adapters: AdapterFactory = adapter_for,
         connect_timeout: float = 10.0,
         request_timeout: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -456,10 +240,10 @@ class MeasurementClient:
             )
         self._api_key = api_key
         self._model = model
+        self._adapters = adapters
         self._connect_timeout = connect_timeout
         self._request_timeout = request_timeout
         self._display_url = str(url.copy_with(userinfo=b"")).rstrip("/")
-        self._flush_supported: bool | None = None
         self._loop: asyncio.AbstractEventLoop | None = asyncio.new_event_loop()
         self._http = httpx.AsyncClient(
             base_url=str(url).rstrip("/"),
@@ -500,11 +284,6 @@ class MeasurementClient:
             raise RuntimeError("this MeasurementClient is closed; create a new one")
         return self._loop.run_until_complete(coro)
 
-    @property
-    def flush_supported(self) -> bool | None:
-        """Whether the server has ``/flush_cache`` (None until ``flush_cache`` was called)."""
-        return self._flush_supported
-
     # -- measuring --
 
     def run(self, workload: Workload, run_index: int) -> RunRecord:
@@ -525,7 +304,7 @@ class MeasurementClient:
     async def _send_all(
         self, workload: Workload, prompts: Sequence[Prompt], label: str
     ) -> tuple[tuple[RequestRecord, ...], float, float]:
-        adapter = adapter_for(workload.api, model=self._model)
+        adapter = self._adapters(workload.api, model=self._model)
         slots = asyncio.Semaphore(workload.concurrency)
 
         async def one(number: int, prompt: Prompt) -> RequestRecord:
@@ -580,14 +359,14 @@ class MeasurementClient:
     async def _post(
         self, adapter: ProtocolAdapter, path: str, body: dict[str, object], timeline: _Timeline
     ) -> float:
-        response = await self._http.post(path, json=body)
+        response = await self._http.post(path, json=body, headers=adapter.headers)
         t_end = time.perf_counter()
         if response.status_code != 200:
             raise _status_error(response)
         try:
             data = response.json()
         except ValueError as exc:
-            raise RequestError(f"the response is not JSON: {_excerpt(response.text)}") from exc
+            raise RequestError(f"the response is not JSON: {excerpt(response.text)}") from exc
         timeline.apply(adapter.parse_final(data), t_end)
         timeline.done = True
         return t_end
@@ -595,7 +374,7 @@ class MeasurementClient:
     async def _stream(
         self, adapter: ProtocolAdapter, path: str, body: dict[str, object], timeline: _Timeline
     ) -> float:
-        async with self._http.stream("POST", path, json=body) as response:
+        async with self._http.stream("POST", path, json=body, headers=adapter.headers) as response:
             if response.status_code != 200:
                 await response.aread()
                 raise _status_error(response)
@@ -604,7 +383,7 @@ class MeasurementClient:
                 await response.aread()
                 raise RequestError(
                     f"expected an event stream (text/event-stream), got content-type "
-                    f"{content_type!r}: {_excerpt(response.text)}"
+                    f"{content_type!r}: {excerpt(response.text)}"
                 )
             # aclosing: leaving the loop early (at [DONE] or on an error) must close the
             # generator here, not leave it to the garbage collector on a stopped event loop.
@@ -621,7 +400,7 @@ class MeasurementClient:
                     except json.JSONDecodeError as exc:
                         raise RequestError(
                             f"malformed event in the stream (not JSON, {exc.msg}): "
-                            f"{_excerpt(payload)}"
+                            f"{excerpt(payload)}"
                         ) from exc
                     update = adapter.parse_event(data)
                     if update is not None:
@@ -635,66 +414,25 @@ class MeasurementClient:
             )
         return t_end
 
-    # -- server housekeeping --
+    # -- plain requests: the backends' housekeeping routes --
 
-    def flush_cache(self, *, timeout: float = 30.0, retry_interval: float = 0.5) -> bool:
-        """``GET /flush_cache``; retries while the server answers 400 (requests still running)
-        until ``timeout``. Returns False (and remembers it) if the server has no such route."""
-        return self._run_sync(self._flush_cache(timeout, retry_interval))
+    def url(self, path: str) -> str:
+        """The URL of ``path`` as it may be shown (credentials removed)."""
+        return self._display_url + path
 
-    async def _flush_cache(self, timeout: float, retry_interval: float) -> bool:
-        if self._flush_supported is False:
-            return False
-        url = self._display_url + "/flush_cache"
-        deadline = time.monotonic() + timeout
-        while True:
-            response = await self._get("/flush_cache")
-            if response.status_code == 200:
-                self._flush_supported = True
-                return True
-            if response.status_code == 404:
-                self._flush_supported = False
-                return False
-            remaining = deadline - time.monotonic()
-            if response.status_code != 400:
-                raise self._status_error(response, url)
-            if remaining <= 0:
-                raise self._error(
-                    f"{url}: the server stayed busy (HTTP 400: requests running or waiting) for "
-                    f"{timeout:g}s, so the cache was not flushed; is another client sending "
-                    f"requests to this server?",
-                    url,
-                    400,
-                )
-            await asyncio.sleep(min(retry_interval, remaining))
+    def get(self, path: str) -> httpx.Response:
+        """``GET path`` with the client's API key and timeouts; any status is returned. A
+        transport failure (refused, timed out) is a ``RequestError`` naming the URL."""
+        return self._run_sync(self._get(path))
 
-    def server_info(self) -> dict[str, object]:
-        """``GET /server_info`` (SGLang >= 0.5.5), falling back to ``/get_server_info`` on 404."""
-        return self._run_sync(self._server_info())
+    def status_error(self, response: httpx.Response, path: str) -> RequestError:
+        """The error for an unexpected status of ``path``: status, the server's message, a hint."""
+        return self._status_error(response, self.url(path))
 
-    async def _server_info(self) -> dict[str, object]:
-        for path in ("/server_info", "/get_server_info"):
-            url = self._display_url + path
-            response = await self._get(path)
-            if response.status_code == 404:
-                continue
-            if response.status_code != 200:
-                raise self._status_error(response, url)
-            try:
-                info = response.json()
-            except ValueError:
-                info = None
-            if not isinstance(info, dict):
-                raise self._error(
-                    f"{url}: expected a JSON object, got {_excerpt(response.text)}", url
-                )
-            return info
-        raise self._error(
-            f"{self._display_url}: neither /server_info nor /get_server_info exists (HTTP 404); "
-            f"is this an SGLang server?",
-            self._display_url + "/server_info",
-            404,
-        )
+    def error(self, message: str, path: str, status: int | None = None) -> RequestError:
+        """A ``RequestError`` about ``path``: ``"<url>: <message>"``, the API key masked."""
+        url = self.url(path)
+        return self._error(f"{url}: {message}", url, status)
 
     async def _get(self, path: str) -> httpx.Response:
         try:
@@ -728,7 +466,7 @@ class MeasurementClient:
         elif isinstance(exc, httpx.RemoteProtocolError) and tokens is not None:
             why = f"stream ended early: server closed the connection{received} ({exc})"
         else:
-            why = f"{type(exc).__name__}: {exc}{received}"
+            why = f"{type(exc).__name__}: {exc or 'the connection was lost'}{received}"
         return self._error(f"{url}: {why}", url)
 
 
@@ -736,9 +474,9 @@ def _status_error(response: httpx.Response) -> RequestError:
     """The error for a non-200 response: status, the server's message or a body excerpt, a hint."""
     try:
         data = response.json()
-        detail = _error_message(data) if isinstance(data, Mapping) else _excerpt(data)
+        detail = error_message(data) if isinstance(data, Mapping) else excerpt(data)
     except ValueError:
-        detail = _excerpt(response.text)
+        detail = excerpt(response.text)
     hint = {
         401: "; the server wants an API key: check the one configured",
         403: "; the server rejected the API key",

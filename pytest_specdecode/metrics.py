@@ -18,7 +18,9 @@ Definitions (n requests; c_i completion tokens; run wall time W = run t_end - ru
 * ``accept_length`` = Σ c_i / Σ spec_verify_ct_i over the run's requests (the verify-weighted
   mean, SGLang PR #34743; includes the bonus token and the first, prefill token). Present only
   when every request reports ``spec_verify_ct > 0``; a run where some requests report it and
-  others do not is an error (the requests did not all reach the same server).
+  others do not is an error (the requests did not all reach the same server). llama-server
+  reports no per-request verification steps; its backend adds the run's accept length from the
+  server's counters instead (:mod:`pytest_specdecode.backends`).
 * ``ttft`` = mean of (t_first_token_i - t_start_i). Streaming runs only.
 * ``tpot`` = mean over requests with c_i > 1 of (e2e_i - ttft_i) / (c_i - 1) (bench_serving).
 * ``itl_p50``, ``itl_p99``: percentiles (numpy's linear interpolation, as bench_serving) over

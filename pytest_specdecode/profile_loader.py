@@ -5,17 +5,26 @@ a profile, live in :mod:`pytest_specdecode.profiles`.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NoReturn
+from typing import Any
 
+from pytest_specdecode import llamacpp
+from pytest_specdecode.config_values import check_keys as _check_keys
+from pytest_specdecode.config_values import choice as _choice
+from pytest_specdecode.config_values import did_you_mean as _did_you_mean
+from pytest_specdecode.config_values import fail as _fail
+from pytest_specdecode.config_values import integer as _integer
+from pytest_specdecode.config_values import string as _string
+from pytest_specdecode.config_values import strings as _strings
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.llamacpp import LlamaCppOptions, LlamaCppSpeculative
 from pytest_specdecode.profiles import (
     _ENV_NAME,
     _NAME,
@@ -31,8 +40,10 @@ from pytest_specdecode.profiles import (
     ECHOED_FLAGS,
     FIRST_CLASS_FLAGS,
     LAUNCHERS,
+    LLAMACPP_ONLY_KEYS,
     PROFILE_KEYS,
     SGLANG_MODULE,
+    SGLANG_ONLY_KEYS,
     SGLANG_OVERWRITTEN_ENV,
     SIM_MODULE,
     SIMULATED_LAUNCHERS,
@@ -109,6 +120,15 @@ class _Loader:
                 "rename the table",
                 source=self.where(f"targets.{TARGET_REAL}"),
             )
+        for name, overlay in overlays.items():
+            if overlay.get("launcher") == llamacpp.LAUNCHER:
+                raise ConfigError(
+                    f'launcher = "{llamacpp.LAUNCHER}" cannot be a target: a llama.cpp server '
+                    "is a profile of its own (its speculative settings, threads and models are "
+                    f"llama.cpp's). Define [profiles.NAME] tables with launcher = "
+                    f'"{llamacpp.LAUNCHER}" instead',
+                    source=self.where(f"targets.{name}"),
+                )
         targets = (TARGET_REAL, *overlays)
         if target not in targets:
             raise ConfigError(
@@ -238,12 +258,26 @@ class _Loader:
         target: str,
     ) -> ServerProfile:
         merged = {**defaults, **own}
+        where = self.where(f"profiles.{name}")
+        if merged.get("launcher", DEFAULT_LAUNCHER) == llamacpp.LAUNCHER:
+            # llama-server runs on any machine: a target's overlay (which swaps SGLang for the
+            # simulated server or a container) does not apply to it.
+            return self._build_llamacpp(name, merged, own, where, target)
+        own_layers = {**own, **overlay}
+        for key in LLAMACPP_ONLY_KEYS:
+            if key in own_layers:
+                _fail(
+                    where,
+                    key,
+                    own_layers[key],
+                    f'it is a key of launcher "{llamacpp.LAUNCHER}" profiles only; remove it',
+                )
+            merged.pop(key, None)  # inherited from [defaults]: meant for llama.cpp profiles
         for key, value in overlay.items():
             if key == "extra_args":
                 merged[key] = (*merged.get(key, ()), *value)
             else:
                 merged[key] = value
-        where = self.where(f"profiles.{name}")
         if target != TARGET_REAL:
             where += f" with [targets.{target}]"
         if "model_path" not in merged:
@@ -300,7 +334,7 @@ class _Loader:
             launcher=launcher,
             model_path=merged["model_path"],
             tp_size=tp_size,
-            speculative=merged.get("speculative"),
+            speculative=_speculative(merged["speculative"]) if "speculative" in merged else None,
             mem_fraction_static=merged.get("mem_fraction_static"),
             extra_args=extra_args,
             env_sets=env_sets,
@@ -314,6 +348,61 @@ class _Loader:
             python=merged.get("python") if launcher == "sglang" else None,
             docker=docker,
             api_key_env=merged.get("api_key_env"),
+            target=target,
+            source=where,
+        )
+
+    def _build_llamacpp(
+        self,
+        name: str,
+        merged: dict[str, Any],
+        own: Mapping[str, Any],
+        where: str,
+        target: str,
+    ) -> ServerProfile:
+        if "model_path" not in merged:
+            raise ConfigError(
+                "model_path is missing: set it in the profile or in [defaults] (the target "
+                "model's GGUF file)",
+                source=where,
+            )
+        for key in SGLANG_ONLY_KEYS:
+            if key in own:
+                _fail(
+                    where,
+                    key,
+                    own[key],
+                    f'it is an SGLang setting, which launcher "{llamacpp.LAUNCHER}" does not '
+                    "have; remove it (llama-server's own settings: threads, ctx_size, "
+                    "parallel, speculative, extra_args)",
+                )
+            merged.pop(key, None)  # inherited from [defaults]: meant for the SGLang profiles
+        extra_args: tuple[str, ...] = tuple(merged.get("extra_args", ()))
+        llamacpp.check_extra_args(flag_groups(extra_args), where)
+        spec = merged.get("speculative")
+        env_sets: tuple[str, ...] = merged.get("env", ())
+        options = LlamaCppOptions(
+            binary=merged.get("binary"),
+            speculative=_llamacpp_speculative(spec) if spec is not None else None,
+            threads=merged.get("threads"),
+            ctx_size=merged.get("ctx_size"),
+            parallel=merged.get("parallel"),
+        )
+        return ServerProfile(
+            name=name,
+            description=merged.get("description", ""),
+            launcher=llamacpp.LAUNCHER,
+            model_path=merged["model_path"],
+            extra_args=extra_args,
+            env_sets=env_sets,
+            env=self._merged_env(name, env_sets),
+            gpus=tuple(merged.get("gpus", ())),
+            host=merged.get("host", DEFAULT_HOST),
+            port=merged.get("port"),
+            startup_timeout=merged.get("startup_timeout", DEFAULT_STARTUP_TIMEOUT),
+            warmup_requests=merged.get("warmup_requests", DEFAULT_WARMUP_REQUESTS),
+            api_key_env=merged.get("api_key_env"),
+            llamacpp=options,
             target=target,
             source=where,
         )
@@ -334,80 +423,6 @@ class _Loader:
 
 
 # -- validators of single keys ----------------------------------------------------------------
-
-
-def _describe_type(value: object) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    for kind, text in ((str, "a string"), (int, "an integer"), (float, "a float")):
-        if isinstance(value, kind):
-            return text
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, Mapping):
-        return "a table"
-    return type(value).__name__
-
-
-def _fail(where: str, key: str, value: object, allowed: str) -> NoReturn:
-    raise ConfigError(
-        f"{key} = {value!r} ({_describe_type(value)}) is not allowed: {allowed}", source=where
-    )
-
-
-def _did_you_mean(word: str, choices: Sequence[str]) -> str:
-    hint = difflib.get_close_matches(word, list(choices), n=1)
-    if not hint and len(word) >= 2:  # difflib misses abbreviations: "tp" for "tp_size"
-        hint = [choice for choice in choices if choice.startswith(word)][:1]
-    return f" (did you mean {hint[0]!r}?)" if hint else ""
-
-
-def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], where: str, *, what: str) -> None:
-    for key in table:
-        if key not in allowed:
-            raise ConfigError(
-                f"unknown {what} {key!r}{_did_you_mean(key, allowed)}; allowed: "
-                f"{', '.join(allowed)}",
-                source=where,
-            )
-
-
-def _string(value: object, key: str, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        _fail(where, key, value, "must be a non-empty string")
-    return value
-
-
-def _strings(value: object, key: str, where: str, *, allow_single: bool = False) -> tuple[str, ...]:
-    if allow_single and isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list):
-        single = "a string or " if allow_single else ""
-        _fail(where, key, value, f"must be {single}an array of strings")
-    for index, item in enumerate(value):
-        if not isinstance(item, str) or (allow_single and not item.strip()):
-            shown = str(item).lower() if isinstance(item, bool) else str(item)
-            _fail(where, f"{key}[{index}]", item, f'every element must be a string, e.g. "{shown}"')
-    return tuple(value)
-
-
-def _integer(value: object, key: str, where: str, *, low: int, high: int | None = None) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < low
-        or (high is not None and value > high)
-    ):
-        limit = f"between {low} and {high}" if high is not None else f">= {low}"
-        _fail(where, key, value, f"must be an integer {limit} (no quotes)")
-    return value
-
-
-def _choice(value: object, key: str, where: str, choices: Sequence[str]) -> str:
-    if value not in choices:
-        _fail(where, key, value, f"must be one of {', '.join(repr(c) for c in choices)}")
-    assert isinstance(value, str)
-    return value
 
 
 def _module_name(value: object, key: str, where: str) -> str:
@@ -556,10 +571,33 @@ def _first_class_field(flag: str) -> str | None:
     return ", ".join(fields)
 
 
-def _speculative(value: object, key: str, where: str) -> Speculative:
+@dataclass(frozen=True)
+class _SpeculativeTable:
+    """A ``speculative`` table, checked once the profile's launcher is known (SGLang and
+    llama.cpp have different keys); ``where`` is the table it was written in."""
+
+    table: Mapping[str, Any]
+    where: str
+
+
+def _speculative_table(value: object, key: str, where: str) -> _SpeculativeTable:
     if not isinstance(value, Mapping):
         _fail(where, key, value, 'must be a table, e.g. { algorithm = "EAGLE3", ... }')
+    return _SpeculativeTable(dict(value), where)
+
+
+def _speculative(raw: _SpeculativeTable) -> Speculative:
+    """SGLang's speculative settings."""
+    value, where, key = raw.table, raw.where, "speculative"
     _check_keys(value, SPECULATIVE_KEYS, where, what="key of speculative")
+    if "algorithm" in value and str(value["algorithm"]).lower() in llamacpp.SPEC_TYPES:
+        _fail(
+            where,
+            f"{key}.algorithm",
+            value["algorithm"],
+            f'that is a llama.cpp --spec-type; set launcher = "{llamacpp.LAUNCHER}" for a '
+            f"llama-server profile, or use one of SGLang's: {', '.join(SPEC_ALGORITHMS)}",
+        )
     if "algorithm" not in value:
         _fail(where, key, dict(value), f"needs algorithm = one of {', '.join(SPEC_ALGORITHMS)}")
     raw_algorithm = value["algorithm"]
@@ -609,13 +647,41 @@ def _speculative(value: object, key: str, where: str) -> Speculative:
     )
 
 
+def _llamacpp_speculative(raw: _SpeculativeTable) -> LlamaCppSpeculative:
+    """llama.cpp's speculative settings (:func:`llamacpp.check_speculative`), after the
+    mistakes of someone who knows SGLang's: its step keys and its algorithm names."""
+    sglang_keys = [name for name in SPECULATIVE_KEYS[2:] if name in raw.table]
+    if sglang_keys:
+        raise ConfigError(
+            f"speculative sets {', '.join(sglang_keys)}, which are SGLang settings; "
+            "llama-server drafts up to draft_n_max tokens per step (--spec-draft-n-max) and at "
+            "least draft_n_min (--spec-draft-n-min)",
+            source=raw.where,
+        )
+    algorithm = raw.table.get("algorithm")
+    if isinstance(algorithm, str) and algorithm.upper() in SPEC_ALGORITHMS:
+        _fail(
+            raw.where,
+            "speculative.algorithm",
+            algorithm,
+            f"SGLang's names do not apply to launcher {llamacpp.LAUNCHER!r}: EAGLE3 is "
+            "'draft-eagle3', STANDALONE is 'draft-simple', NGRAM is one of the ngram-* types; "
+            f"choose one of {', '.join(llamacpp.SPEC_TYPES)}",
+        )
+    return llamacpp.check_speculative(raw.table, raw.where)
+
+
+def _positive(value: object, key: str, where: str) -> int:
+    return _integer(value, key, where, low=1)
+
+
 _VALIDATORS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyType(
     {
         "description": _description,
         "launcher": _launcher,
         "model_path": _string,
         "tp_size": _tp_size,
-        "speculative": _speculative,
+        "speculative": _speculative_table,
         "mem_fraction_static": _mem_fraction,
         "extra_args": _extra_args,
         "python": _string,
@@ -630,6 +696,10 @@ _VALIDATORS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyTy
         "startup_timeout": _startup_timeout,
         "warmup_requests": _warmup_requests,
         "api_key_env": _api_key_env,
+        "binary": _string,
+        "threads": _positive,
+        "ctx_size": _positive,
+        "parallel": _positive,
     }
 )
 """One checker per key except ``env`` (which needs the file's env sets): value, key, where →

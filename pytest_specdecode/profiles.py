@@ -15,6 +15,12 @@ A profile is ``[defaults]``, then its own table, then the chosen target's overla
 replacing the one before, except ``extra_args`` of an overlay, which is *appended* (so a sim
 overlay adds ``--sim-*`` knobs to the profile's own flags). Target ``"real"`` means no overlay.
 
+A profile with ``launcher = "llamacpp"`` describes llama.cpp's ``llama-server`` instead of SGLang:
+its own keys (``binary``, ``threads``, ``ctx_size``, ``parallel``, a ``speculative`` table with a
+``--spec-type``) live in :class:`~pytest_specdecode.llamacpp.LlamaCppOptions`, SGLang-only keys
+are refused in its table and ignored from ``[defaults]`` (and the other way round), and target
+overlays do not apply to it (llama-server runs on any machine). See docs/llamacpp.md.
+
 Why so strict: the seed's worst mistake was a comparison between configurations that silently
 differed (NCCL variables lost on a reboot). So unknown keys, flags in ``extra_args`` that
 duplicate a first-class key, NCCL variables inherited from the shell that the profile does not
@@ -34,9 +40,11 @@ from types import MappingProxyType
 
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.fingerprint import Fingerprint
+from pytest_specdecode.llamacpp import DEFAULT_BINARY, LlamaCppOptions
 
-LAUNCHERS: tuple[str, ...] = ("sglang", "docker", "sim")
-"""How a server is started; a new launcher is added here and in ServerProfile.launch_argv."""
+LAUNCHERS: tuple[str, ...] = ("sglang", "docker", "sim", "llamacpp")
+"""How a server is started; a new launcher is added here and in ServerProfile.launch_argv.
+``llamacpp`` runs llama.cpp's ``llama-server`` (:mod:`pytest_specdecode.llamacpp`)."""
 SIMULATED_LAUNCHERS = frozenset({"sim"})
 SPEC_ALGORITHMS: tuple[str, ...] = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 ALGORITHM_MARKERS: tuple[str, ...] = ("eagle3", "eagle", "nextn", "ngram", "standalone", "nospec")
@@ -59,9 +67,10 @@ DOCKER_PYTHON = "python3"  # the interpreter inside the lmsysorg/sglang images
 LOCAL_NO_PROXY: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
 """SGLang's warm-up request goes to localhost through ``requests``, which honours http_proxy;
 a proxy then fails the warm-up with 502 (sglang-api.md §7 pitfall 4)."""
-SCRUBBED_ENV_PREFIXES: tuple[str, ...] = ("NCCL_",)
+SCRUBBED_ENV_PREFIXES: tuple[str, ...] = ("NCCL_", "LLAMA_ARG_")
 """Inherited variables with these prefixes are dropped unless the profile's env sets name them:
-the profile, not the shell that happens to run pytest, decides how NCCL is tuned."""
+the profile, not the shell that happens to run pytest, decides how NCCL is tuned (and which
+settings llama-server reads from ``LLAMA_ARG_*`` variables)."""
 
 SGLANG_OVERWRITTEN_ENV: Mapping[str, str] = MappingProxyType(
     {
@@ -130,7 +139,16 @@ PROFILE_KEYS: tuple[str, ...] = (
     "description", "launcher", "model_path", "tp_size", "speculative", "mem_fraction_static",
     "extra_args", "env", "python", "server_module", "image", "shm_size", "volumes", "network",
     "gpus", "host", "port", "startup_timeout", "warmup_requests", "api_key_env",
+    "binary", "threads", "ctx_size", "parallel",
 )  # fmt: skip
+LLAMACPP_ONLY_KEYS: tuple[str, ...] = ("binary", "threads", "ctx_size", "parallel")
+SGLANG_ONLY_KEYS: tuple[str, ...] = (
+    "tp_size", "mem_fraction_static", "python", "server_module", "image", "shm_size", "volumes",
+    "network",
+)  # fmt: skip
+"""Keys that mean nothing to the other kind of server: refused in a profile's own table,
+ignored when inherited from ``[defaults]`` (which a file's SGLang and llama.cpp profiles
+share)."""
 SPECULATIVE_KEYS: tuple[str, ...] = (
     "algorithm", "draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens",
 )  # fmt: skip
@@ -243,6 +261,7 @@ class ServerProfile:
     server_module: str | None = None
     docker: DockerOptions | None = None
     api_key_env: str | None = None
+    llamacpp: LlamaCppOptions | None = None  # launcher "llamacpp" only
     target: str = TARGET_REAL
     source: str = ""  # e.g. "perf_tests/specdecode.toml [profiles.eagle3-2step-nccl]"
 
@@ -255,6 +274,8 @@ class ServerProfile:
     @property
     def algorithm_marker(self) -> str:
         """The pytest marker of this profile's tests: ``eagle3`` ... ``nospec``."""
+        if self.llamacpp is not None:
+            return self.llamacpp.marker
         return self.speculative.algorithm.lower() if self.speculative else NOSPEC
 
     @property
@@ -269,8 +290,12 @@ class ServerProfile:
         return self.server_module or SGLANG_MODULE
 
     def server_args(self, *, host: str, port: int) -> list[str]:
-        """The SGLang flags of this profile. Never the API key: the launcher adds
-        ``--api-key`` from ``api_key_env`` at launch time so it reaches no log or fingerprint."""
+        """The server flags of this profile (SGLang's, or llama-server's for ``llamacpp``).
+        Never the API key: the launcher adds ``--api-key`` from ``api_key_env`` at launch time
+        so it reaches no log or fingerprint."""
+        if self.llamacpp is not None:
+            own = self.llamacpp.server_args(model_path=self.model_path, host=host, port=port)
+            return own + list(self.extra_args)
         args = ["--model-path", self.model_path, "--tp-size", str(self.tp_size)]
         args += ["--host", host, "--port", str(port)]
         if self.mem_fraction_static is not None:
@@ -279,10 +304,14 @@ class ServerProfile:
             args += self.speculative.server_args()
         return args + list(self.extra_args)
 
-    def launch_argv(self, *, host: str, port: int) -> list[str]:
+    def launch_argv(self, *, host: str, port: int, binary: str | None = None) -> list[str]:
         """The full command: interpreter, module, :meth:`server_args`. For docker it is the
-        container's command (the image brings its own interpreter)."""
-        if self.launcher == "sim":
+        container's command (the image brings its own interpreter); for llamacpp ``binary``
+        (resolved by the launcher from the environment), else the profile's, else
+        ``llama-server``, then :meth:`server_args`."""
+        if self.llamacpp is not None:
+            head = [binary or self.llamacpp.binary or DEFAULT_BINARY]
+        elif self.launcher == "sim":
             head = [sys.executable, "-m", self.module]
         elif self.launcher == "docker":
             head = [DOCKER_PYTHON, "-m", self.module]
@@ -293,8 +322,9 @@ class ServerProfile:
     def launch_env(self, base: Mapping[str, str]) -> dict[str, str]:
         """The server's environment: ``base`` (usually ``os.environ``) without inherited
         ``NCCL_*`` variables the profile does not set, plus the profile's env sets, plus
-        ``CUDA_VISIBLE_DEVICES`` from ``gpus`` (sglang launcher only; docker selects GPUs by
-        device request and the sim has none), plus ``no_proxy`` for localhost.
+        ``CUDA_VISIBLE_DEVICES`` from ``gpus`` (sglang and llamacpp launchers; docker selects
+        GPUs by device request and the sim has none; a llama.cpp profile without gpus sees no
+        GPU), plus ``no_proxy`` for localhost.
 
         ``gpus`` are indices into the GPUs visible to pytest: if ``base`` already restricts
         them with ``CUDA_VISIBLE_DEVICES``, the profile's indices are translated through it.
@@ -305,7 +335,7 @@ class ServerProfile:
             if name in self.env or not name.startswith(SCRUBBED_ENV_PREFIXES)
         }
         env.update(self.env)
-        if self.launcher == "sglang":
+        if self.launcher in ("sglang", "llamacpp"):
             env["CUDA_VISIBLE_DEVICES"] = self._visible_devices(base.get("CUDA_VISIBLE_DEVICES"))
         hosts = list(dict.fromkeys([*LOCAL_NO_PROXY, self.host]))
         hosts = [h for h in hosts if h not in ("0.0.0.0", "", "::")]
@@ -338,7 +368,19 @@ class ServerProfile:
         name interchangeable cards on one box). The environment is the profile's env sets
         only, never ``os.environ`` (which holds secrets and noise) - and :meth:`launch_env`
         drops inherited NCCL variables, so the env sets are the whole NCCL truth.
+
+        A ``llamacpp`` profile has a class of its own and fields of its own
+        (:meth:`LlamaCppOptions.fingerprint_fields`: the GGUF files' SHA-256, the spec type,
+        draft n max/min, threads, context, slots; soft: the build and the paths).
         """
+        if self.llamacpp is not None:
+            own_hard, own_soft = self.llamacpp.fingerprint_fields(
+                model_path=self.model_path, source=self.source or f"profile {self.name!r}"
+            )
+            own_hard["gpu_count"] = len(self.gpus)
+            own_hard["extra_args"] = normalized_extra_args(self.extra_args)
+            own_hard["env"] = dict(self.env)
+            return Fingerprint(hard=own_hard, soft=own_soft)
         spec = self.speculative
         hard: dict[str, object] = {
             "launcher_class": "simulated" if self.simulated else "real",

@@ -120,8 +120,10 @@ def collect_provenance(
 
     Keys: ``time_utc`` (ISO 8601), ``git`` (``{"commit", "dirty"}`` of ``repo_dir``, or
     ``None`` outside a repository or without git; untracked files do not count as dirty),
-    ``plugin_version``, ``python_version``, ``platform``, ``hostname``, ``sglang_version``
-    (``server_info["version"]``), ``gpu`` (names, count, driver), ``env`` (the variables of
+    ``plugin_version``, ``python_version``, ``platform``, ``hostname``, ``server`` (the
+    backend, ``server_info["backend"]``, SGLang when absent), ``server_version``
+    (``server_info["version"]``; also as ``sglang_version`` for an SGLang server, the key older
+    baselines have), ``gpu`` (names, count, driver), ``env`` (the variables of
     ``env`` matching :data:`SPEED_ENV_PATTERNS`, secrets redacted) and ``simulated``. Collect
     it once per session, before any baseline is written, or the git state counts the
     baselines being written as local changes.
@@ -129,6 +131,7 @@ def collect_provenance(
     info = server_info or {}
     moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     version = info.get("version")
+    backend = str(info.get("backend") or "sglang")
     simulated = info.get("simulated")
     return {
         "time_utc": moment.isoformat(timespec="seconds").replace("+00:00", "Z"),
@@ -137,7 +140,9 @@ def collect_provenance(
         "python_version": platform.python_version(),
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
-        "sglang_version": None if version is None else str(version),
+        "server": backend,
+        "server_version": None if version is None else str(version),
+        "sglang_version": None if version is None or backend != "sglang" else str(version),
         "gpu": gpu.to_json() if gpu is not None else None,
         "env": speed_env(env),
         "simulated": None if simulated is None else bool(simulated),

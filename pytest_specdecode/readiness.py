@@ -3,7 +3,9 @@
 Ready = the process (or container) is alive AND ``GET /health_generate`` answers 200, which is
 what SGLang's own CI waits for (sglang-api.md §1.2, §6). ``/health`` is used only for servers that
 have no ``/health_generate`` (404). ``/v1/models`` and a bare port check are never used: both
-answer before the warm-up generate has finished. The launcher's exit code is polled on every
+answer before the warm-up generate has finished. A backend may name other probes (llama.cpp's
+``llama-server`` has only ``/health``, which answers 503 until the model is loaded), and other
+log phases (:mod:`pytest_specdecode.backends`). The launcher's exit code is polled on every
 round, so a crash during a 900-second load is reported within about a second, with the tail of
 the log, instead of after the timeout.
 """
@@ -102,16 +104,18 @@ def wait_until_ready(
     poll_interval: float = 0.5,
     probe_timeout: float = 5.0,
     transport: httpx.BaseTransport | None = None,
+    paths: Sequence[str] = ("/health_generate", "/health"),
 ) -> float:
     """Block until the server answers its health probe with 200; return the seconds waited.
 
+    ``paths`` are the probes in order of preference: a 404 moves on to the next.
     Raises :class:`ServerStartError` when ``exit_code()`` reports an exit (or the server rejects
     the API key), :class:`ServerTimeoutError` after ``timeout`` seconds. Both carry the last
     :data:`LOG_TAIL_LINES` log lines and the log's path.
     """
     start = time.monotonic()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    paths = ["/health_generate", "/health"]
+    paths = list(paths)
     log_path = str(log.path) if log else None
 
     def tail() -> list[str]:

@@ -27,6 +27,8 @@ SPEED_ENV_PATTERNS: tuple[str, ...] = (
     "TORCHINDUCTOR_*",
     "TRITON_*",
     "FLASHINFER_*",
+    "LLAMA_ARG_*",  # llama-server reads most of its flags from these
+    "GGML_*",
     # CPU-side threads used by tokenisation and the scheduler.
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",

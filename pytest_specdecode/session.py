@@ -3,7 +3,10 @@ test is measured and judged, what is recorded.
 
 The plugin (pytest wiring) creates one :class:`SpecdecodeSession` per process and calls it; this
 module never imports pytest. The data path of :meth:`SpecdecodeSession.measure` reads straight:
-server → client → metrics → stats against baselines → verdict → :class:`TestResult`.
+server → client → metrics → stats against baselines → verdict → :class:`TestResult`. What
+differs between SGLang and llama.cpp servers is asked of the profile's
+:class:`~pytest_specdecode.backends.Backend` (server info and checks, the protocol adapter, what
+happens around each run), never decided here.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pytest_specdecode.backends import Backend, backend_for
 from pytest_specdecode.baselines import (
     BaselineRecord,
     BaselineStore,
@@ -35,12 +39,7 @@ from pytest_specdecode.fingerprint import Fingerprint
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.metrics import compute_run_metrics
 from pytest_specdecode.pool import ServerHandle, ServerPool
-from pytest_specdecode.profiles import (
-    ProfileFile,
-    ServerProfile,
-    compare_server_args,
-    load_profiles,
-)
+from pytest_specdecode.profiles import ProfileFile, ServerProfile, load_profiles
 from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpus, hardware_key
 from pytest_specdecode.readiness import Progress, wait_until_ready
 from pytest_specdecode.settings import Settings
@@ -243,7 +242,8 @@ class SpecdecodeSession:
             self.pool.release(profile, hold=hold)
 
     def _attach(self, profile: ServerProfile) -> ServerHandle:
-        url = attach_url(self.settings.server_host or "", profile.port or SGLANG_DEFAULT_PORT)
+        backend = backend_for(profile)
+        url = attach_url(self.settings.server_host or "", profile.port or backend.default_port)
         api_key = None
         if profile.api_key_env:
             api_key = self.env.get(profile.api_key_env)
@@ -252,6 +252,7 @@ class SpecdecodeSession:
             name=f"attached server {url}",
             timeout=min(60.0, profile.startup_timeout),
             api_key=api_key,
+            paths=backend.health_paths,
         )
         return ServerHandle(profile=profile, base_url=url, origin="attached", api_key=api_key)
 
@@ -263,14 +264,15 @@ class SpecdecodeSession:
         warm = resolve_workload(
             {"max_new_tokens": 16, "requests_per_run": 1, "concurrency": 1, "warmup_requests": 0}
         )
-        with self._client(handle) as client:
+        with self._client(handle, backend_for(handle.profile)) as client:
             for i in range(handle.profile.warmup_requests):
                 client.run(warm, i)
 
-    def _client(self, handle: ServerHandle) -> MeasurementClient:
+    def _client(self, handle: ServerHandle, backend: Backend) -> MeasurementClient:
         return MeasurementClient(
             handle.base_url,
             api_key=handle.api_key,
+            adapters=backend.adapter,
             request_timeout=self.settings.request_timeout,
         )
 
@@ -295,10 +297,11 @@ class SpecdecodeSession:
         max_runs = runs if updating else max(spec.max_runs or settings.max_runs, runs)
         plan = SequentialPlan(initial_runs=runs, max_runs=max_runs, step=1, alpha=alpha)
 
-        with self._client(handle) as client:
-            info = self._server_info(client, handle)
+        backend = backend_for(profile)
+        with self._client(handle, backend) as client:
+            info = self._server_info(client, backend, handle)
             simulated = profile.simulated or info.get("simulated") is True
-            warnings = self._attach_checks(profile, handle, info)
+            warnings = self._server_checks(profile, backend, handle, info)
             hw = self.hardware_key(simulated)
             version = info.get("version")
             fingerprint = profile.fingerprint().with_soft(
@@ -313,16 +316,22 @@ class SpecdecodeSession:
             checks: tuple[Check, ...] = ()
             looks = plan.looks()
             with self.pool.gpu_lock(profile):
-                client.warmup(workload)
+                try:
+                    client.warmup(workload)
+                except RequestError as exc:
+                    raise self._explain_failure(exc, handle, "during the warm-up") from exc
                 for run_index in range(max_runs):
-                    if workload.flush_cache:
-                        client.flush_cache()
                     try:
+                        state = backend.begin_run(client, workload)
                         run = client.run(workload, run_index)
+                        extras = backend.end_run(client, state, run)
                     except RequestError as exc:
-                        raise self._explain_failure(exc, handle, run_index) from exc
-                    for name, value in compute_run_metrics(run).values.items():
+                        when = f"during run {run_index + 1}"
+                        raise self._explain_failure(exc, handle, when) from exc
+                    values = {**compute_run_metrics(run).values, **extras.values}
+                    for name, value in values.items():
                         samples.setdefault(name, []).append(value)
+                    warnings.extend(w for w in extras.warnings if w not in warnings)
                     n = run_index + 1
                     if n in looks:
                         checks = evaluate(
@@ -365,22 +374,34 @@ class SpecdecodeSession:
         self.results.append(result)
         return result
 
-    def _server_info(self, client: MeasurementClient, handle: ServerHandle) -> dict[str, Any]:
+    def _server_info(
+        self, client: MeasurementClient, backend: Backend, handle: ServerHandle
+    ) -> dict[str, Any]:
         try:
-            return client.server_info()
+            return backend.server_info(client)
         except RequestError as exc:
-            raise self._explain_failure(exc, handle, None) from exc
+            raise self._explain_failure(exc, handle, "before measuring") from exc
 
-    def _attach_checks(
-        self, profile: ServerProfile, handle: ServerHandle, info: Mapping[str, Any]
+    def _server_checks(
+        self,
+        profile: ServerProfile,
+        backend: Backend,
+        handle: ServerHandle,
+        info: Mapping[str, Any],
     ) -> list[str]:
-        if handle.origin != "attached":
+        attached = handle.origin == "attached"
+        mismatches = backend.compare_args(profile, info, attached=attached)
+        if not attached:
+            if mismatches:
+                raise ServerMismatchError(
+                    f"the server launched for profile {profile.name!r} ({profile.source}) does "
+                    "not run it: " + "; ".join(m.describe() for m in mismatches) + ". Its log "
+                    "says why",
+                    log_path=str(handle.log_path) if handle.log_path else None,
+                    log_tail=handle.log_tail(50),
+                )
             return []
-        warnings = [
-            f"attached to {handle.base_url}: the server's environment (NCCL variables of env "
-            f"set {', '.join(profile.env_sets) or 'none'}) cannot be verified remotely"
-        ]
-        mismatches = compare_server_args(profile, info)
+        warnings = [f"attached to {handle.base_url}: {backend.unverifiable(profile)}"]
         if mismatches:
             text = (
                 f"the server at {handle.base_url} does not run profile {profile.name!r} "
@@ -487,9 +508,7 @@ class SpecdecodeSession:
                 )
         return Outcome.RECORDED, f"recorded {len(values)} runs"
 
-    def _explain_failure(
-        self, exc: RequestError, handle: ServerHandle, run_index: int | None
-    ) -> Exception:
+    def _explain_failure(self, exc: RequestError, handle: ServerHandle, when: str) -> Exception:
         """A failed request: if the server died, say so with its exit code and log tail."""
         deadline = time.monotonic() + 2.0
         code = handle.exit_code()
@@ -498,7 +517,6 @@ class SpecdecodeSession:
             code = handle.exit_code()
         if code is None:
             return exc
-        when = f"during run {run_index + 1}" if run_index is not None else "before measuring"
         crash = ServerCrashedError(
             f"server {handle.profile.name!r} died {when} (exit code {code}); the request "
             f"failed with: {exc}",

@@ -5,18 +5,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import cast
 
 import httpx
 import pytest
 
-from pytest_specdecode.client import (
-    MeasurementClient,
-    OpenAICompletions,
-    SglangGenerate,
-    adapter_for,
-)
+from pytest_specdecode.adapters import OpenAICompletions, SglangGenerate, adapter_for
+from pytest_specdecode.client import MeasurementClient
 from pytest_specdecode.errors import ConfigError, RequestError
 from pytest_specdecode.workloads import Prompt, Workload
 
@@ -539,82 +535,6 @@ def test_a_closed_client_refuses_work() -> None:
 
     with pytest.raises(RuntimeError, match="closed"):
         client.run(workload(), run_index=0)
-
-
-# --- /flush_cache and /server_info -------------------------------------------------------------
-
-
-def scripted(responses: Sequence[httpx.Response]) -> Callable[[httpx.Request], httpx.Response]:
-    queue: Iterator[httpx.Response] = iter(responses)
-    return lambda request: next(queue)
-
-
-def test_flush_cache_retries_while_the_server_is_busy(requests_seen: list[httpx.Request]) -> None:
-    busy = httpx.Response(400, text="Cache not flushed: requests are running")
-    ok = httpx.Response(200, text="Cache flushed.\nPlease check backend logs for more details.")
-    with make_client(scripted([busy, busy, ok]), requests_seen) as client:
-        assert client.flush_cache(retry_interval=0) is True
-        assert client.flush_supported is True
-
-    assert [(r.method, r.url.path) for r in requests_seen] == [("GET", "/flush_cache")] * 3
-
-
-def test_flush_cache_gives_up_when_busy_past_the_timeout() -> None:
-    busy = httpx.Response(400, text="busy")
-    client = make_client(scripted([busy]), [])
-    with client, pytest.raises(RequestError, match=r"stayed busy \(HTTP 400.*for 0s"):
-        client.flush_cache(timeout=0)
-
-
-def test_flush_cache_404_means_unsupported_and_is_remembered(
-    requests_seen: list[httpx.Request],
-) -> None:
-    with make_client(scripted([httpx.Response(404)]), requests_seen) as client:
-        assert client.flush_cache() is False
-        assert client.flush_cache() is False
-        assert client.flush_supported is False
-
-    assert len(requests_seen) == 1
-
-
-def test_flush_cache_other_statuses_are_errors() -> None:
-    with (
-        make_client(scripted([httpx.Response(500, text="oops")]), []) as client,
-        pytest.raises(RequestError, match=r"/flush_cache: HTTP 500 Internal Server Error: oops"),
-    ):
-        client.flush_cache()
-
-
-def test_server_info_falls_back_to_get_server_info(requests_seen: list[httpx.Request]) -> None:
-    info = {"tp_size": 8, "speculative_algorithm": "EAGLE3", "version": "0.5.4"}
-    handler = scripted([httpx.Response(404), httpx.Response(200, json=info)])
-    with make_client(handler, requests_seen) as client:
-        assert client.server_info() == info
-
-    assert [r.url.path for r in requests_seen] == ["/server_info", "/get_server_info"]
-
-
-def test_server_info_without_either_route_is_an_error() -> None:
-    client = make_client(scripted([httpx.Response(404), httpx.Response(404)]), [])
-    with client, pytest.raises(RequestError, match="neither /server_info nor /get_server_info"):
-        client.server_info()
-
-
-def test_server_info_that_is_not_an_object_is_an_error() -> None:
-    with (
-        make_client(scripted([httpx.Response(200, json=[1, 2])]), []) as client,
-        pytest.raises(RequestError, match=r"/server_info: expected a JSON object, got \[1,2\]"),
-    ):
-        client.server_info()
-
-
-def test_server_info_connection_refused_names_the_url() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("[Errno 111] Connection refused")
-
-    client = make_client(handler, [])
-    with client, pytest.raises(RequestError, match=r"/server_info: cannot connect"):
-        client.server_info()
 
 
 # --- adapters ----------------------------------------------------------------------------------

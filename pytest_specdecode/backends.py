@@ -1,0 +1,446 @@
+"""What differs between the servers the plugin measures, and nothing else: SGLang (real or
+simulated) and llama.cpp's ``llama-server``.
+
+A :class:`Backend` owns the log phases its server prints while loading, the health routes, the
+protocol adapter of a workload's api (:mod:`pytest_specdecode.adapters`), the server's own
+description (:meth:`Backend.server_info`), the check of a running server against its profile,
+and what each measured run needs around it (:meth:`Backend.begin_run` /
+:meth:`Backend.end_run`). :func:`backend_for` picks one from the profile's launcher.
+
+Everything downstream (metrics, statistics, baselines, verdicts, reports) is one path for every
+backend: a run is its :class:`~pytest_specdecode.client.RequestRecord`\\ s plus the metric values
+a backend adds in :class:`RunExtras`.
+
+Accept length, the one metric the backends measure differently:
+
+* SGLang: Σ completion_tokens / Σ ``spec_verify_ct`` over the run's requests, from each
+  request's own ``meta_info`` (:mod:`pytest_specdecode.metrics`); the backend adds nothing.
+* llama.cpp: llama-server reports verification steps only in its Prometheus counters
+  (``--metrics``), so the backend scrapes ``/metrics`` before and after every run:
+  accept length = 1 + Δ``spec_decode_num_accepted_tokens_total`` /
+  Δ``spec_decode_num_drafts_total`` (llama-server's own "mean len": tokens per verification
+  step, the target's own token included). The counters are server-wide, so they are
+  cross-checked against the run's responses: Δ``num_draft_tokens`` must equal
+  Σ ``timings.draft_n`` and Δaccepted Σ ``timings.draft_n_accepted``, up to the rounding of
+  the printed counters (6 significant digits). A difference means requests other than the
+  run's reached the server while it was measured, which makes both the accept length and the
+  throughput someone else's too; the run fails with a ``RequestError`` saying so rather than
+  report a number that is not this run's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pytest_specdecode.adapters import LlamaCppCompletions, ProtocolAdapter, adapter_for, excerpt
+from pytest_specdecode.errors import ConfigError, RequestError
+from pytest_specdecode.llamacpp import LAUNCHER as LLAMACPP
+from pytest_specdecode.profiles import ArgMismatch, ServerProfile, compare_server_args
+from pytest_specdecode.readiness import SGLANG_PHASES
+from pytest_specdecode.workloads import APIS, Workload
+
+if TYPE_CHECKING:
+    from pytest_specdecode.client import MeasurementClient, RunRecord
+
+LLAMACPP_PHASES: tuple[tuple[str, str], ...] = (
+    ("load_model: loading model", "loading the model"),
+    ("loading draft model", "loading the draft model"),
+    ("load_model: initializing, n_slots", "allocating slots and the KV cache"),
+    ("llama_server: model loaded", "starting the HTTP server"),
+    ("llama_server: listening on", "ready"),
+    ("exiting due to", "failed"),
+)
+"""(substring of a log line, the phase it starts), in the order llama-server prints them."""
+
+SPEC_PREFIX = "llamacpp:spec_decode_"
+DRAFTS = SPEC_PREFIX + "num_drafts_total"  # verification steps
+DRAFT_TOKENS = SPEC_PREFIX + "num_draft_tokens_total"
+ACCEPTED = SPEC_PREFIX + "num_accepted_tokens_total"
+PRINTED_DIGITS = 6
+"""llama-server prints its counters through a default C++ stream: 6 significant digits, so a
+counter above 999999 is rounded (``1.23457e+06``)."""
+
+
+@dataclass(frozen=True)
+class RunExtras:
+    """What a backend adds to one run's metrics: metric values and warnings."""
+
+    values: Mapping[str, float] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
+class Backend(Protocol):
+    """One kind of server. An instance serves one profile for one measurement."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def log_phases(self) -> Sequence[tuple[str, str]]:
+        """(substring of a log line, the loading phase it starts), for the progress line."""
+        ...
+
+    @property
+    def health_paths(self) -> tuple[str, ...]:
+        """The readiness probes, in order of preference (a 404 moves to the next)."""
+        ...
+
+    @property
+    def default_port(self) -> int:
+        """The server's own default port (for ``--server-host HOST`` without a port)."""
+        ...
+
+    def adapter(self, api: str, *, model: str | None = None) -> ProtocolAdapter:
+        """The protocol adapter for a workload's ``api``."""
+        ...
+
+    def server_info(self, client: MeasurementClient) -> dict[str, Any]:
+        """What the server says about itself; ``version`` is recorded as a soft field."""
+        ...
+
+    def compare_args(
+        self, profile: ServerProfile, info: Mapping[str, Any], *, attached: bool
+    ) -> list[ArgMismatch]:
+        """Where the running server contradicts the profile. For a server the plugin launched
+        only what the launch cannot guarantee is checked."""
+        ...
+
+    def unverifiable(self, profile: ServerProfile) -> str:
+        """What an attached server cannot show about itself (a warning in its results)."""
+        ...
+
+    def begin_run(self, client: MeasurementClient, workload: Workload) -> object:
+        """Just before a measured run; returns what :meth:`end_run` needs."""
+        ...
+
+    def end_run(self, client: MeasurementClient, state: object, run: RunRecord) -> RunExtras:
+        """Just after a measured run: extra metric values and warnings."""
+        ...
+
+
+def backend_for(profile: ServerProfile) -> Backend:
+    """llama.cpp for ``launcher = "llamacpp"``, SGLang (real or simulated) for the others."""
+    if profile.launcher == LLAMACPP:
+        return LlamaCppBackend(profile)
+    return SglangBackend(profile)
+
+
+# -- SGLang ------------------------------------------------------------------------------------
+
+
+class SglangBackend:
+    """SGLang and the simulated SGLang server: ``/generate`` or ``/v1/completions``, accept
+    length from each request's ``spec_verify_ct``, ``/flush_cache`` before each run."""
+
+    name = "sglang"
+    log_phases = SGLANG_PHASES
+    health_paths = ("/health_generate", "/health")
+    default_port = 30000
+
+    def __init__(self, profile: ServerProfile) -> None:
+        self.profile = profile
+        self.flush_supported: bool | None = None  # None until flush_cache was called
+
+    def adapter(self, api: str, *, model: str | None = None) -> ProtocolAdapter:
+        return adapter_for(api, model=model)
+
+    def server_info(self, client: MeasurementClient) -> dict[str, Any]:
+        """``GET /server_info`` (SGLang >= 0.5.5), falling back to ``/get_server_info``."""
+        for path in ("/server_info", "/get_server_info"):
+            response = client.get(path)
+            if response.status_code == 404:
+                continue
+            if response.status_code != 200:
+                raise client.status_error(response, path)
+            return _json_dict(client, response, path)
+        raise client.error(
+            "neither /server_info nor /get_server_info exists (HTTP 404); is this an SGLang "
+            "server?",
+            "/server_info",
+            404,
+        )
+
+    def compare_args(
+        self, profile: ServerProfile, info: Mapping[str, Any], *, attached: bool
+    ) -> list[ArgMismatch]:
+        return compare_server_args(profile, info) if attached else []
+
+    def unverifiable(self, profile: ServerProfile) -> str:
+        return (
+            f"the server's environment (NCCL variables of env set "
+            f"{', '.join(profile.env_sets) or 'none'}) cannot be verified remotely"
+        )
+
+    def begin_run(self, client: MeasurementClient, workload: Workload) -> object:
+        if workload.flush_cache:
+            self.flush_cache(client)
+        return None
+
+    def end_run(self, client: MeasurementClient, state: object, run: RunRecord) -> RunExtras:
+        return RunExtras()  # accept length comes from the requests (metrics.py)
+
+    def flush_cache(
+        self, client: MeasurementClient, *, timeout: float = 30.0, retry_interval: float = 0.5
+    ) -> bool:
+        """``GET /flush_cache``; retries while the server answers 400 (requests still running)
+        until ``timeout``. Returns False (and remembers it) if the server has no such route."""
+        if self.flush_supported is False:
+            return False
+        deadline = time.monotonic() + timeout
+        while True:
+            response = client.get("/flush_cache")
+            if response.status_code == 200:
+                self.flush_supported = True
+                return True
+            if response.status_code == 404:
+                self.flush_supported = False
+                return False
+            if response.status_code != 400:
+                raise client.status_error(response, "/flush_cache")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise client.error(
+                    f"the server stayed busy (HTTP 400: requests running or waiting) for "
+                    f"{timeout:g}s, so the cache was not flushed; is another client sending "
+                    f"requests to this server?",
+                    "/flush_cache",
+                    400,
+                )
+            time.sleep(min(retry_interval, remaining))
+
+
+# -- llama.cpp ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """llama-server's speculative-decoding counters at one moment (as printed)."""
+
+    drafts: float  # verification steps
+    draft_tokens: float
+    accepted: float
+
+    @classmethod
+    def parse(cls, text: str) -> SpecCounters:
+        """From ``/metrics`` text; ``ValueError`` naming a missing counter."""
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith(SPEC_PREFIX):
+                name, _, value = line.rpartition(" ")
+                try:
+                    values[name.strip()] = float(value)
+                except ValueError:
+                    continue
+        missing = [name for name in (DRAFTS, DRAFT_TOKENS, ACCEPTED) if name not in values]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)} in its /metrics")
+        return cls(values[DRAFTS], values[DRAFT_TOKENS], values[ACCEPTED])
+
+
+def printed_error(value: float) -> float:
+    """The most a counter printed with :data:`PRINTED_DIGITS` significant digits can be off."""
+    if abs(value) < 10**PRINTED_DIGITS:
+        return 0.0  # an integer below 10^6 is printed exactly
+    return 0.5 * 10.0 ** (math.floor(math.log10(abs(value))) - PRINTED_DIGITS + 1)
+
+
+def llamacpp_run_extras(
+    before: SpecCounters, after: SpecCounters, run: RunRecord, *, where: str
+) -> RunExtras:
+    """The accept length of one run from the counters around it, cross-checked against the
+    run's responses (see the module docstring). ``where`` names the run in messages."""
+    deltas = {
+        "verification steps": (before.drafts, after.drafts),
+        "draft tokens": (before.draft_tokens, after.draft_tokens),
+        "accepted tokens": (before.accepted, after.accepted),
+    }
+    slack = {name: printed_error(a) + printed_error(b) for name, (a, b) in deltas.items()}
+    delta = {name: b - a for name, (a, b) in deltas.items()}
+    if any(delta[name] < -slack[name] for name in delta):
+        raise RequestError(
+            f"{where}: llama-server's speculative counters went backwards during the run "
+            f"({before} -> {after}): the server was restarted while it was measured"
+        )
+    reported = {
+        "draft tokens": sum(_spec_count(r.spec, "draft_n") for r in run.records),
+        "accepted tokens": sum(_spec_count(r.spec, "draft_n_accepted") for r in run.records),
+    }
+    if any(abs(delta[name] - reported[name]) > slack[name] for name in reported):
+        raise RequestError(
+            f"{where}: llama-server's counters moved by {delta['accepted tokens']:g} accepted "
+            f"of {delta['draft tokens']:g} draft tokens during the run, but the run's "
+            f"{len(run.records)} responses report {reported['accepted tokens']} of "
+            f"{reported['draft tokens']} (timings.draft_n_accepted / draft_n): requests other "
+            "than this run's reached the server while it was measured (another client, or a "
+            "server shared with other tests), so neither the accept length nor the throughput "
+            "is this run's alone. Measure a server nobody else uses"
+        )
+    steps = delta["verification steps"]
+    if steps <= 0:
+        return RunExtras(
+            warnings=(
+                f"{where}: llama-server verified no draft during the run "
+                f"({DRAFTS} did not move), so it has no accept length",
+            )
+        )
+    warnings: tuple[str, ...] = ()
+    accept_length = 1.0 + delta["accepted tokens"] / steps
+    # d(1 + A/S) = dA/S + A dS/S^2, relative to the accept length
+    uncertainty = (
+        slack["accepted tokens"] / steps
+        + delta["accepted tokens"] * slack["verification steps"] / steps**2
+    ) / accept_length
+    if uncertainty > 0.005:
+        warnings = (
+            f"{where}: llama-server's counters are past 10^{PRINTED_DIGITS} and printed with "
+            f"{PRINTED_DIGITS} significant digits, so the accept length is uncertain by up to "
+            f"±{uncertainty:.1%}; restart the server to reset them",
+        )
+    return RunExtras(values={"accept_length": accept_length}, warnings=warnings)
+
+
+class LlamaCppBackend:
+    """llama.cpp's ``llama-server``: ``/v1/completions``, readiness by ``/health`` (503 while
+    loading), accept length from the Prometheus counters around each run."""
+
+    name = LLAMACPP
+    log_phases = LLAMACPP_PHASES
+    health_paths = ("/health",)
+    default_port = 8080
+
+    def __init__(self, profile: ServerProfile) -> None:
+        self.profile = profile
+        options = profile.llamacpp
+        self.speculative = options is not None and options.speculative is not None
+
+    def adapter(self, api: str, *, model: str | None = None) -> ProtocolAdapter:
+        """Every api goes to ``/v1/completions`` (llama-server has no SGLang ``/generate``),
+        streaming for the ``-stream`` apis, so the built-in workloads work unchanged."""
+        if api not in APIS:
+            raise ConfigError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
+        return LlamaCppCompletions(streaming=api.endswith("-stream"), model=model)
+
+    def server_info(self, client: MeasurementClient) -> dict[str, Any]:
+        """``/props`` and ``/slots`` in one dict: ``backend``, ``version`` (``build_info``),
+        ``model_path``, ``n_ctx`` (per slot), ``total_slots`` and ``speculative`` (whether every
+        slot can speculate; None with ``--no-slots``)."""
+        response = client.get("/props")
+        if response.status_code == 404:
+            raise client.error(
+                "there is no /props (HTTP 404); is this a llama.cpp llama-server?", "/props", 404
+            )
+        if response.status_code != 200:
+            raise client.status_error(response, "/props")
+        props = _json_dict(client, response, "/props")
+        settings = props.get("default_generation_settings")
+        settings = settings if isinstance(settings, Mapping) else {}
+        speculative: bool | None = None
+        slots_response = client.get("/slots")
+        if slots_response.status_code == 200:
+            try:
+                slots = slots_response.json()
+            except ValueError:
+                slots = None
+            if isinstance(slots, list) and slots:
+                speculative = all(
+                    isinstance(slot, Mapping) and slot.get("speculative") is True for slot in slots
+                )
+        elif slots_response.status_code != 501:  # 501: started with --no-slots
+            raise client.status_error(slots_response, "/slots")
+        return {
+            "backend": LLAMACPP,
+            "version": props.get("build_info"),
+            "model_path": props.get("model_path"),
+            "n_ctx": settings.get("n_ctx"),
+            "total_slots": props.get("total_slots"),
+            "speculative": speculative,
+        }
+
+    def compare_args(
+        self, profile: ServerProfile, info: Mapping[str, Any], *, attached: bool
+    ) -> list[ArgMismatch]:
+        """Speculation on or off, always: llama-server that cannot set up the draft model (a
+        draft that is not EAGLE-3 for ``draft-eagle3``) logs an error and serves without
+        speculation. For an attached server also the model path, slots and context."""
+        mismatches = []
+        spec_reported = info.get("speculative")
+        if spec_reported is not None and spec_reported != self.speculative:
+            mismatches.append(ArgMismatch("speculative", self.speculative, spec_reported))
+        elif spec_reported is None and attached and self.speculative:
+            mismatches.append(ArgMismatch("speculative", True, None, reported=False))
+        options = profile.llamacpp
+        if not attached or options is None:
+            return mismatches
+        reported_path = info.get("model_path")
+        if reported_path != profile.model_path:
+            mismatches.append(ArgMismatch("model_path", profile.model_path, reported_path))
+        slots = info.get("total_slots")
+        if options.parallel is not None and slots != options.parallel:
+            mismatches.append(ArgMismatch("parallel", options.parallel, slots))
+        n_ctx = info.get("n_ctx")
+        # -c is the whole KV cache: split over the slots, or shared by all (kv_unified)
+        if (
+            options.ctx_size is not None
+            and isinstance(n_ctx, int)
+            and isinstance(slots, int)
+            and options.ctx_size not in (n_ctx, n_ctx * slots)
+        ):
+            mismatches.append(ArgMismatch("ctx_size", options.ctx_size, n_ctx * slots))
+        return mismatches
+
+    def unverifiable(self, profile: ServerProfile) -> str:
+        return (
+            "llama-server does not report its draft model, draft n max/min, threads or "
+            f"environment (env set {', '.join(profile.env_sets) or 'none'}), so those of an "
+            "attached server cannot be verified"
+        )
+
+    def begin_run(self, client: MeasurementClient, workload: Workload) -> object:
+        """The counters before the run (only for a speculative profile)."""
+        return self._scrape(client) if self.speculative else None
+
+    def end_run(self, client: MeasurementClient, state: object, run: RunRecord) -> RunExtras:
+        if not isinstance(state, SpecCounters):
+            return RunExtras()
+        where = f"run {run.run_index + 1}"
+        return llamacpp_run_extras(state, self._scrape(client), run, where=where)
+
+    def _scrape(self, client: MeasurementClient) -> SpecCounters:
+        response = client.get("/metrics")
+        if response.status_code == 501:
+            raise client.error(
+                "llama-server was started without --metrics, but its Prometheus counters are "
+                "where the accept length comes from; start it with --metrics (the llamacpp "
+                "launcher always does)",
+                "/metrics",
+                501,
+            )
+        if response.status_code != 200:
+            raise client.status_error(response, "/metrics")
+        try:
+            return SpecCounters.parse(response.text)
+        except ValueError as exc:
+            raise client.error(
+                f"{exc}: this llama.cpp build does not report speculative decoding counters; "
+                "use a newer llama-server",
+                "/metrics",
+            ) from None
+
+
+def _spec_count(spec: Mapping[str, object], key: str) -> int:
+    value = spec.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _json_dict(client: MeasurementClient, response: Any, path: str) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise client.error(f"expected a JSON object, got {excerpt(response.text)}", path)
+    return data
