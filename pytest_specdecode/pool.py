@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING
 import httpx
 from filelock import FileLock
 
-from pytest_specdecode.errors import ConfigError, ServerError, ServerStartError
+from pytest_specdecode.backends import backend_for
+from pytest_specdecode.errors import ConfigError, ServerError, ServerStartError, SpecdecodeError
 from pytest_specdecode.launch.base import Launcher, ServerIdentity, find_free_port, wait_port_free
 from pytest_specdecode.launch.subprocess import (
     SubprocessLauncher,
@@ -44,6 +45,7 @@ from pytest_specdecode.launch.subprocess import (
     process_cmdline,
     stop_process_group,
 )
+from pytest_specdecode.llamacpp import resolve_binary
 from pytest_specdecode.readiness import LogTail, Progress, wait_until_ready
 from pytest_specdecode.state import Entry, Owner, StateFile, lease_key
 
@@ -362,12 +364,17 @@ class ServerPool:
         return None
 
     def _launch(self, profile: ServerProfile, digest: str, port: int, url: str) -> ServerHandle:
-        api_key = _api_key(profile, self.env)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_path = self.log_dir / f"{profile.name}-{stamp}-{os.getpid()}.log"
-        launcher = make_launcher(
-            profile, port=port, log_path=log_path, env=self.env, api_key=api_key
-        )
+        try:
+            api_key = _api_key(profile, self.env)
+            launcher = make_launcher(
+                profile, port=port, log_path=log_path, env=self.env, api_key=api_key
+            )
+        except ConfigError as exc:  # no API key, no llama-server to run: nothing started
+            with self.state.edit() as entries:
+                entries.pop(digest, None)
+            raise ServerStartError(f"server {profile.name!r} cannot be started: {exc}") from None
         self.counts.launched[profile.name] += 1
         self._emit(f"{profile.name}: starting ({profile.launcher}) on {url}; log: {log_path}")
         try:
@@ -377,17 +384,43 @@ class ServerPool:
                     if digest in entries:
                         entries[digest].identity = launcher.identity()
                         entries[digest].log_path = str(log_path)
+                backend = backend_for(profile)
                 ready = wait_until_ready(
                     launcher.base_url,
                     name=f"server {profile.name!r}",
                     timeout=profile.startup_timeout,
                     exit_code=launcher.exit_code,
-                    log=LogTail(log_path),
+                    log=LogTail(log_path, backend.log_phases),
                     api_key=api_key,
                     on_progress=self._on_progress,
+                    paths=backend.health_paths,
                 )
+            handle = ServerHandle(
+                profile=profile,
+                base_url=launcher.base_url,
+                origin="launched",
+                api_key=api_key,
+                log_path=log_path,
+                ready_seconds=ready,
+                launcher=launcher,
+                identity=launcher.identity(),
+            )
+            self._emit(f"{profile.name}: ready after {ready:.1f}s")
+            if self._warmup is not None:
+                try:
+                    self._warmup(handle)
+                except ServerError:
+                    raise
+                except SpecdecodeError as exc:  # e.g. the server answers, but not as expected
+                    raise ServerStartError(
+                        f"server {profile.name!r} was ready after {ready:.1f}s, but its warm-up "
+                        f"request failed: {exc}",
+                        log_path=str(log_path),
+                        log_tail=LogTail(log_path).tail(),
+                    ) from None
         except BaseException as exc:
-            # Ctrl-C, a timeout or a crash: never leave the process or container behind.
+            # Ctrl-C, a timeout, a crash or a failed warm-up: never leave the process or
+            # container behind.
             if isinstance(exc, ServerError):
                 self.counts.failed[profile.name] += 1
             elif launcher.exit_code() is None:
@@ -401,19 +434,6 @@ class ServerPool:
                 else:
                     entries.pop(digest, None)
             raise
-        handle = ServerHandle(
-            profile=profile,
-            base_url=launcher.base_url,
-            origin="launched",
-            api_key=api_key,
-            log_path=log_path,
-            ready_seconds=ready,
-            launcher=launcher,
-            identity=launcher.identity(),
-        )
-        self._emit(f"{profile.name}: ready after {ready:.1f}s")
-        if self._warmup is not None:
-            self._warmup(handle)
         with self.state.edit() as entries:
             entry = entries[digest]
             entry.status = "ready"
@@ -505,6 +525,11 @@ class ServerPool:
         with self.state.edit() as entries:
             for entry in entries.values():
                 entry.leases.pop(self._lease, None)
+            if self._demand is not None:  # not an xdist worker: finish_run will not run
+                for digest, entry in list(entries.items()):
+                    # A failure sticks for the rest of its run only (nothing runs any more).
+                    if entry.status == "failed" and entry.owner and entry.owner.run == self.run_id:
+                        del entries[digest]
         if self._demand is None:
             self._handles.clear()  # xdist worker: the controller decides (finish_run)
             return
@@ -606,8 +631,11 @@ def make_launcher(
             },
             name=f"specdecode-{profile.name}-{port}",
         )
+    binary = None
+    if profile.llamacpp is not None:
+        binary = resolve_binary(profile.llamacpp.binary, env, source=profile.source)
     return SubprocessLauncher(
-        profile.launch_argv(host=profile.host, port=port) + key_args,
+        profile.launch_argv(host=profile.host, port=port, binary=binary) + key_args,
         env=profile.launch_env(env),
         host=profile.host,
         port=port,

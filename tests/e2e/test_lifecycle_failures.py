@@ -44,6 +44,10 @@ extra_args = ["--sim-speed", "1", "--sim-load-seconds", "30"]
 startup_timeout = 120
 extra_args = ["--sim-speed", "1", "--sim-load-seconds", "60"]
 
+# Ready, but answers every request with HTTP 500: its warm-up request fails.
+[profiles.refuses]
+extra_args = ["--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-fault", "http-500"]
+
 # Ready quickly, then killed while serving its 4th request (the first measured run).
 [profiles.crashes]
 extra_args = ["--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-fault", "crash-after:3"]
@@ -155,6 +159,29 @@ def test_startup_timeout_fails_with_the_phase_and_the_log_tail(project):
     # The server that was still loading is killed, not left to finish its load.
     assert "slow launched 1, reused 0, stopped 0, failed 1" in server_counts(result)
     assert project.sim_processes() == []
+
+
+def test_a_failed_warm_up_fails_that_server_and_stops_it(project):
+    project.profiles(PROFILES)
+    project.tests(suite_of("refuses", "refuses", "nospec"))
+    result = project.run("--durations=0", "-vv", *RUNS)
+    result.assert_outcomes(errors=2, passed=1)
+    first = section(result, "test_1_refuses")
+    assert re.search(
+        r"server 'refuses' was ready after [\d.]+s, but its warm-up request failed: workload "
+        r"'inline', run 0, request 1 of 1 \(code prompt\): http://127\.0\.0\.1:\d+/generate: "
+        r"HTTP 500 Internal Server Error",
+        first,
+    )
+    assert re.search(r"server log: \S+/refuses-[\d-]+\.log", first)
+    assert "last " in first
+    second = section(result, "test_2_refuses")
+    assert "server 'refuses' was ready after" in second
+    assert durations(result)[("test_2_refuses", "setup")] < 0.5
+    # Stopped at once, not left running until the end of the session (or forever).
+    assert "refuses launched 1, reused 0, stopped 0, failed 1" in server_counts(result)
+    assert project.sim_processes() == []
+    assert state_entries(project) == {}
 
 
 def test_crash_while_measured_fails_that_test_and_later_ones_fast(project):
