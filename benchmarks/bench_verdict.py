@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from scipy import stats
 from tabulate import tabulate
 
-from pytest_specdecode.stats import SequentialPlan, sequential_verdicts
+from pytest_specdecode.sequential import SequentialPlan, sequential_verdicts
 
 LEVEL = 88.8  # tok/s, the seed's NCCL-tuned baseline
 MARGIN = -0.02

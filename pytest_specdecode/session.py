@@ -42,8 +42,8 @@ from pytest_specdecode.pool import ServerHandle, ServerPool
 from pytest_specdecode.profiles import ProfileFile, ServerProfile, load_profiles
 from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpus, hardware_key
 from pytest_specdecode.readiness import Progress, wait_until_ready
+from pytest_specdecode.sequential import SequentialPlan
 from pytest_specdecode.settings import Settings
-from pytest_specdecode.stats import SequentialPlan
 from pytest_specdecode.verdict import BaselineRef, Check, Outcome, evaluate, message, outcome_of
 from pytest_specdecode.workloads import Workload, resolve_workload
 

@@ -58,27 +58,8 @@ variances, which carries the randomness of Welch's df; the noncentral t with a f
 needs about 5 % more runs, ARE 3/pi). When MDE > |margin|, even an unchanged build cannot be told
 from the threshold, and a warning says so with the number of runs that would.
 
-**Sequential design.** Testing again after every extra run at the full alpha ("peeking") inflates
-the error: six looks at 5..10 runs, each at 0.05, FAIL a build that sits exactly on the threshold
-8-11 % of the time (baselines of 5-50 runs). A :class:`SequentialPlan` looks at ``initial_runs``,
-then every ``step`` runs up to ``max_runs``, and spends alpha across the looks with a Lan-DeMets
-spending function on the run fraction n / max_runs, so that the chance of ever crossing the FAIL
-bound at the threshold is alpha, and the same for PASS (each non-binding for the other). The
-default is O'Brien-Fleming-type: little alpha early (0.0056 at 5 of 10 runs), the last look near
-the fixed-sample test (0.033-0.044 at 10 runs depending on the baseline size), because a server
-load costs far more than a run, so power at ``max_runs`` matters more than stopping early, and a
-large change still stops at the first look. ``pocock`` spends evenly (about 0.015-0.03 per look)
-and stops sooner, with less power at the end.
-
-The per-look levels are calibrated by simulation, not by the textbook z-statistic boundaries:
-those assume a known variance, but every look re-estimates it, which decorrelates the looks
-(0.056 overall instead of 0.05 at 5..10 runs), and Welch's df is itself slightly liberal at
-5 vs 20-100 runs (0.052-0.053 for one look at 0.05). So each look's level is set, on 200,000
-seeded paths of the actual Welch p-values with the truth on the threshold, equal CVs and the
-plan's baseline size, to the value that exactly the spending function's increment of the paths
-first crosses (Monte Carlo error of the overall alpha about +-0.0005). ``n_baseline=None``
-calibrates for a baseline known exactly. Simulated false-FAIL rates at the threshold are checked
-in ``tests/unit/test_stats.py`` and printed by ``benchmarks/bench_verdict.py``.
+Repeated looks at a growing sample (the adaptive extra runs) are in
+:mod:`pytest_specdecode.sequential`.
 """
 
 from __future__ import annotations
@@ -87,12 +68,12 @@ import dataclasses
 import enum
 import math
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 from scipy import optimize, special, stats
 
 from pytest_specdecode.errors import SpecdecodeError
@@ -101,30 +82,27 @@ __all__ = [
     "BOOTSTRAP_MIN_RUNS",
     "MDE_POWER",
     "METHODS",
-    "SPENDING_FUNCTIONS",
     "Comparison",
     "SampleSummary",
-    "SequentialPlan",
     "StatsInputError",
     "Verdict",
+    "check_alpha",
+    "check_margin",
     "compare",
     "min_detectable_effect",
     "required_runs",
-    "run_sequential",
-    "sequential_verdicts",
     "summarize",
+    "verdict_codes",
+    "welch_terms",
 ]
 
 METHODS = ("welch-log", "bootstrap", "rank")
-SPENDING_FUNCTIONS = ("obrien-fleming", "pocock")
 MDE_POWER = 0.8
 BOOTSTRAP_MIN_RUNS = 10
 DEFAULT_RESAMPLES = 9999
 _TIE_TOLERANCE = 1e-9  # on the log scale, i.e. relative
 _EXACT_RANK_MAX_PAIRS = 2500
 _QUADRATURE_NODES = 48
-_CALIBRATION_PATHS = 200_000  # Monte Carlo error of the overall alpha about +-0.0005
-_CALIBRATION_SEED = 20_240_601
 
 
 class StatsInputError(SpecdecodeError, ValueError):
@@ -247,11 +225,12 @@ def compare(
 ) -> Comparison:
     """Compare per-run values of the current build with the baseline's against a signed margin.
 
-    ``alpha`` is the one-sided error rate of this one look (see :class:`SequentialPlan` for
-    repeated looks); ``seed`` and ``n_resamples`` only matter for ``method="bootstrap"``.
+    ``alpha`` is the one-sided error rate of this one look (repeated looks:
+    :class:`~pytest_specdecode.sequential.SequentialPlan`); ``seed`` and ``n_resamples`` only
+    matter for ``method="bootstrap"``.
     """
-    _check_margin(margin)
-    _check_alpha(alpha)
+    check_margin(margin)
+    check_alpha(alpha)
     if method not in METHODS:
         raise StatsInputError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     cur = _positive_values(current, "current")
@@ -277,7 +256,7 @@ def compare(
         elif method == "rank":
             interval = _with_note(interval, "rank method needs variation on both sides")
 
-    code = int(_verdict_codes(np.asarray(interval.low), np.asarray(interval.high), threshold))
+    code = int(verdict_codes(np.asarray(interval.low), np.asarray(interval.high), threshold))
     design = _mde_design(log_cur, log_base, cur_constant, base_constant)
     mde = None if design is None else min_detectable_effect(*design, alpha)
     warnings = list(interval.notes)
@@ -324,7 +303,7 @@ def _exact(
     )
 
 
-def _welch_terms(
+def welch_terms(
     var_cur: NDArray[np.float64], n_cur: int, var_base: NDArray[np.float64], n_base: int
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Welch's standard error and Satterthwaite df, elementwise; df = inf where se = 0."""
@@ -335,7 +314,7 @@ def _welch_terms(
     return se, np.where(se > 0, df, np.inf)
 
 
-def _verdict_codes(
+def verdict_codes(
     low: NDArray[np.float64], high: NDArray[np.float64], threshold: float
 ) -> NDArray[np.int8]:
     """+1 PASS, -1 FAIL, 0 INCONCLUSIVE; a bound on the threshold (within tolerance) passes."""
@@ -358,7 +337,7 @@ def _welch_log(
     alpha: float,
 ) -> _Interval:
     estimate = float(np.mean(log_cur) - np.mean(log_base))
-    se_arr, df_arr = _welch_terms(
+    se_arr, df_arr = welch_terms(
         np.asarray(_log_variance(log_cur, cur_constant)),
         log_cur.size,
         np.asarray(_log_variance(log_base, base_constant)),
@@ -403,7 +382,7 @@ def _bootstrap(
 ) -> _Interval:
     log_cur, log_base = np.log(cur), np.log(base)
     var_cur, var_base = _log_variance(log_cur, False), _log_variance(log_base, False)
-    se, df_arr = _welch_terms(np.asarray(var_cur), cur.size, np.asarray(var_base), base.size)
+    se, df_arr = welch_terms(np.asarray(var_cur), cur.size, np.asarray(var_base), base.size)
     df = float(df_arr)
     # Expansion: unbiased over plug-in standard error (the bootstrap's spread divides by n).
     plug_in = math.sqrt(
@@ -585,7 +564,7 @@ def _noncentrality_for_power(
     base_var, base_w = _scaled_variance_nodes(n_baseline)
     inv_base = 0.0 if math.isinf(n_baseline) else 1.0 / n_baseline
     base_runs = int(n_baseline) if inv_base else 2  # any count: its variance is 0
-    se_hat, df = _welch_terms(cur_var[:, None], int(n_current), base_var[None, :], base_runs)
+    se_hat, df = welch_terms(cur_var[:, None], int(n_current), base_var[None, :], base_runs)
     offsets = np.asarray(stats.t.isf(alpha, df)) * se_hat / math.sqrt(1.0 / n_current + inv_base)
     weights = cur_w[:, None] * base_w[None, :]
 
@@ -611,7 +590,7 @@ def min_detectable_effect(
         )
     if not (math.isfinite(cv) and cv >= 0):
         raise StatsInputError(f"cv={cv!r} must be a finite fraction >= 0 (0.03 for 3 %)")
-    _check_alpha(alpha)
+    check_alpha(alpha)
     if not alpha < power < 1.0:
         raise StatsInputError(f"power={power!r} must lie between alpha={alpha} and 1")
     sigma = math.sqrt(math.log1p(cv * cv))  # sd of log values for a lognormal with this CV
@@ -659,212 +638,6 @@ def required_runs(
     return high
 
 
-@dataclass(frozen=True)
-class SequentialPlan:
-    """How many runs, when to look, and the per-look alpha that keeps the overall error <= alpha.
-
-    Looks at ``initial_runs``, ``initial_runs + step``, ... and always at ``max_runs``.
-    ``n_baseline`` is the stored baseline's run count the per-look alphas are calibrated for;
-    ``None`` calibrates for a baseline known exactly. :func:`run_sequential` and
-    :func:`sequential_verdicts` set it from the baseline they are given; a caller that drives the
-    looks itself should use :meth:`for_baseline`.
-    """
-
-    initial_runs: int = 5
-    max_runs: int = 10
-    step: int = 1
-    alpha: float = 0.05
-    spending: str = "obrien-fleming"
-    n_baseline: int | None = None
-
-    def __post_init__(self) -> None:
-        if not 2 <= self.initial_runs <= self.max_runs:
-            raise StatsInputError(
-                f"initial_runs={self.initial_runs}, max_runs={self.max_runs}: need "
-                "2 <= initial_runs <= max_runs (one run has no variance)"
-            )
-        if self.step < 1:
-            raise StatsInputError(f"step={self.step} must be at least 1 run")
-        _check_alpha(self.alpha)
-        if self.spending not in SPENDING_FUNCTIONS:
-            raise StatsInputError(
-                f"spending={self.spending!r}: use one of {', '.join(SPENDING_FUNCTIONS)}"
-            )
-        if self.n_baseline is not None and self.n_baseline < 2:
-            raise StatsInputError(f"n_baseline={self.n_baseline}: a baseline needs >= 2 runs")
-
-    def for_baseline(self, n_baseline: int) -> SequentialPlan:
-        """This plan calibrated for a baseline of ``n_baseline`` runs (itself if fewer than 2)."""
-        return self if n_baseline < 2 else dataclasses.replace(self, n_baseline=n_baseline)
-
-    def looks(self) -> tuple[int, ...]:
-        """Run counts at which the verdict is evaluated."""
-        return (*range(self.initial_runs, self.max_runs, self.step), self.max_runs)
-
-    def look_alphas(self) -> tuple[float, ...]:
-        """The nominal one-sided alpha of every look, in order."""
-        return _nominal_look_alphas(self.looks(), self.alpha, self.spending, self.n_baseline)
-
-    def alpha_at(self, look_index: int) -> float:
-        """The nominal one-sided alpha of look ``look_index`` (0-based)."""
-        alphas = self.look_alphas()
-        if not 0 <= look_index < len(alphas):
-            raise StatsInputError(f"look_index={look_index}: this plan has {len(alphas)} looks")
-        return alphas[look_index]
-
-
-def _spent(fractions: NDArray[np.float64], alpha: float, spending: str) -> NDArray[np.float64]:
-    """Cumulative alpha spent by information fraction (Lan-DeMets)."""
-    if spending == "pocock":
-        return np.asarray(alpha * np.log1p((math.e - 1.0) * fractions), dtype=np.float64)
-    z = float(stats.norm.isf(alpha / 2.0))
-    return np.asarray(2.0 * stats.norm.sf(z / np.sqrt(fractions)), dtype=np.float64)
-
-
-@lru_cache(maxsize=64)
-def _nominal_look_alphas(
-    looks: tuple[int, ...], alpha: float, spending: str, n_baseline: int | None
-) -> tuple[float, ...]:
-    # Simulate the Welch p-values of the actual test at every look, on seeded paths with the
-    # truth exactly at the threshold and equal CVs, and give each look the level that exactly
-    # the spending function's increment of the paths first crosses. Boundaries solved for z
-    # statistics are not enough: re-estimating the variance at every look decorrelates the looks
-    # (overall 0.056 instead of 0.05 at 5..10 runs), and Welch's df is itself slightly liberal at
-    # 5 vs 20-100 runs (0.052-0.053 for one look at 0.05).
-    spent = _spent(np.asarray(looks, dtype=np.float64) / looks[-1], alpha, spending)
-    increments = np.diff(spent, prepend=0.0).tolist()
-    rng = np.random.default_rng(_CALIBRATION_SEED)
-    paths = _CALIBRATION_PATHS
-    if n_baseline is None:
-        base_mean, base_var, base_runs = np.zeros(paths), np.zeros(paths), 2
-    else:  # the baseline's mean and variance are drawn from their exact distributions
-        base_mean = rng.standard_normal(paths) / math.sqrt(n_baseline)
-        base_var, base_runs = rng.chisquare(n_baseline - 1, paths) / (n_baseline - 1), n_baseline
-    total, total_squares = np.zeros(paths), np.zeros(paths)
-    running = np.ones(paths, dtype=bool)
-    drawn = 0
-    nominal: list[float] = []
-    for n_runs, increment in zip(looks, increments, strict=True):
-        new = rng.standard_normal((paths, n_runs - drawn))
-        drawn = n_runs
-        total += new.sum(axis=1)
-        total_squares += (new * new).sum(axis=1)
-        mean = total / n_runs
-        var = (total_squares - n_runs * mean * mean) / (n_runs - 1)
-        se, df = _welch_terms(var, n_runs, base_var, base_runs)
-        p_values = np.asarray(stats.t.sf((mean - base_mean) / se, df))
-        if not nominal and n_baseline is None:  # an exact one-sample t: no simulation needed
-            level = increment
-        else:
-            crossings = max(1, round(increment * paths))
-            level = float(np.partition(p_values[running], crossings - 1)[crossings - 1])
-        running &= p_values > level
-        nominal.append(level)
-    return tuple(nominal)
-
-
-def run_sequential(
-    plan: SequentialPlan,
-    draw: Callable[[int], Sequence[float]],
-    baseline: Sequence[float],
-    *,
-    margin: float,
-    higher_is_better: bool = True,
-    method: str = "welch-log",
-    seed: int | None = None,
-    n_resamples: int = DEFAULT_RESAMPLES,
-) -> tuple[Comparison, int]:
-    """Draw runs look by look until a verdict or ``max_runs``; return it and the runs used.
-
-    ``draw(k)`` must return k new per-run values. The plan is calibrated for ``len(baseline)``.
-    The last comparison may be INCONCLUSIVE; the caller applies its policy (fail, pass with a
-    warning, xfail).
-    """
-    plan = plan.for_baseline(len(baseline))
-    runs: list[float] = []
-    comparison: Comparison | None = None
-    for index, n_runs in enumerate(plan.looks()):
-        wanted = n_runs - len(runs)
-        new = list(draw(wanted))
-        if len(new) != wanted:
-            raise StatsInputError(f"draw({wanted}) returned {len(new)} values instead of {wanted}")
-        runs.extend(new)
-        comparison = compare(
-            runs,
-            baseline,
-            margin=margin,
-            higher_is_better=higher_is_better,
-            alpha=plan.alpha_at(index),
-            method=method,
-            seed=seed,
-            n_resamples=n_resamples,
-        )
-        if comparison.verdict is not Verdict.INCONCLUSIVE:
-            break
-    assert comparison is not None  # a plan always has at least one look
-    return comparison, len(runs)
-
-
-def sequential_verdicts(
-    plan: SequentialPlan,
-    current: ArrayLike,
-    baseline: ArrayLike,
-    *,
-    margin: float,
-    higher_is_better: bool = True,
-) -> tuple[NDArray[np.str_], NDArray[np.int64]]:
-    """Vectorised :func:`run_sequential` with welch-log over many trials, for simulation.
-
-    ``current`` is (trials, >= max_runs) in run order, ``baseline`` is (trials, m >= 2). Returns
-    each trial's verdict value ("pass", "fail", "inconclusive") and the runs it used. The per-look
-    decision is the same code :func:`compare` uses.
-    """
-    _check_margin(margin)
-    cur, base = np.asarray(current, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
-    if cur.ndim != 2 or base.ndim != 2 or cur.shape[0] != base.shape[0]:
-        raise StatsInputError(
-            f"current {cur.shape} and baseline {base.shape} must be (trials, runs) arrays with "
-            "the same number of trials"
-        )
-    if cur.shape[1] < plan.max_runs or base.shape[1] < 2:
-        raise StatsInputError(
-            f"need >= {plan.max_runs} current runs and >= 2 baseline runs per trial, got "
-            f"{cur.shape[1]} and {base.shape[1]}"
-        )
-    for name, values in (("current", cur), ("baseline", base)):
-        if not np.all(np.isfinite(values) & (values > 0)):
-            trial, run = (int(i) for i in np.argwhere(~(np.isfinite(values) & (values > 0)))[0])
-            raise StatsInputError(
-                f"{name} trial {trial + 1}, run {run + 1} has value {float(values[trial, run])!r}:"
-                " per-run values must be finite and > 0"
-            )
-    sign = 1.0 if higher_is_better else -1.0
-    log_cur, log_base = sign * np.log(cur), sign * np.log(base)
-    threshold = math.log1p(margin)
-    plan = plan.for_baseline(base.shape[1])
-    base_mean, base_var = log_base.mean(axis=1), _row_variance(log_base)
-    verdicts = np.full(cur.shape[0], Verdict.INCONCLUSIVE.value, dtype="<U12")
-    runs = np.full(cur.shape[0], plan.max_runs, dtype=np.int64)
-    undecided = np.ones(cur.shape[0], dtype=bool)
-    for look_alpha, n_runs in zip(plan.look_alphas(), plan.looks(), strict=True):
-        head = log_cur[:, :n_runs]
-        se, df = _welch_terms(_row_variance(head), n_runs, base_var, base.shape[1])
-        half_width = np.asarray(stats.t.isf(look_alpha, df)) * se
-        estimate = head.mean(axis=1) - base_mean
-        codes = _verdict_codes(estimate - half_width, estimate + half_width, threshold)
-        decided = undecided & (codes != 0)
-        verdicts[decided & (codes == 1)] = Verdict.PASS.value
-        verdicts[decided & (codes == -1)] = Verdict.FAIL.value
-        runs[decided] = n_runs
-        undecided &= ~decided
-    return verdicts, runs
-
-
-def _row_variance(values: NDArray[np.float64]) -> NDArray[np.float64]:
-    variance = values.var(axis=1, ddof=1)
-    return np.asarray(np.where(np.ptp(values, axis=1) == 0, 0.0, variance), dtype=np.float64)
-
-
 def _positive_values(samples: Sequence[float], side: str) -> NDArray[np.float64]:
     try:
         values = np.asarray(samples, dtype=np.float64)
@@ -886,13 +659,13 @@ def _is_constant(values: NDArray[np.float64]) -> bool:
     return bool(np.all(values == values[0]))
 
 
-def _check_margin(margin: float) -> None:
+def check_margin(margin: float) -> None:
     if not (math.isfinite(margin) and margin > -1.0):
         raise StatsInputError(
             f"margin={margin!r} must be a finite fraction above -1 (-0.03 for 'at most 3 % worse')"
         )
 
 
-def _check_alpha(alpha: float) -> None:
+def check_alpha(alpha: float) -> None:
     if not (0.0 < alpha < 0.5):
         raise StatsInputError(f"alpha={alpha!r} must lie strictly between 0 and 0.5")

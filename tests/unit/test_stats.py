@@ -17,17 +17,15 @@ from scipy import optimize
 from scipy import stats as scipy_stats
 
 from pytest_specdecode.errors import SpecdecodeError
+from pytest_specdecode.sequential import SequentialPlan, run_sequential, sequential_verdicts
 from pytest_specdecode.stats import (
     BOOTSTRAP_MIN_RUNS,
     Comparison,
-    SequentialPlan,
     StatsInputError,
     Verdict,
     compare,
     min_detectable_effect,
     required_runs,
-    run_sequential,
-    sequential_verdicts,
     summarize,
 )
 
