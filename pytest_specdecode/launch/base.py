@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from pytest_specdecode.redaction import is_secret_name
+
 # What a launcher records in the pool's state file so that a later pytest session (or another
 # xdist worker) can find, check and stop the same server: {"kind": "subprocess", "pid": ...} or
 # {"kind": "docker", "container_id": ...}. JSON-shaped on purpose.
@@ -41,23 +43,22 @@ class Launcher(Protocol):
     def identity(self) -> ServerIdentity: ...
 
 
-# Flags whose value is a secret: shown as *** wherever a command line is logged.
-SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key", "--hf-token"})
-
-
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """The command line as it may be shown: values of secret flags replaced by ``***``."""
+    """The command line as it may be logged: values of secret-looking flags (``--api-key``,
+    ``--hf-token``, ...; :func:`~pytest_specdecode.redaction.is_secret_name`) replaced by
+    ``***``."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
         flag, eq, _ = arg.partition("=")
+        secret_flag = flag.startswith("-") and is_secret_name(flag)
         if hide_next:
             out.append("***")
             hide_next = False
-        elif arg in SECRET_FLAGS:
+        elif secret_flag and not eq:
             out.append(arg)
             hide_next = True
-        elif eq and flag in SECRET_FLAGS:
+        elif eq and secret_flag:
             out.append(f"{flag}=***")
         else:
             out.append(arg)

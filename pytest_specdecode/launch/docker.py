@@ -45,6 +45,7 @@ from docker.models.containers import Container
 
 from pytest_specdecode.errors import ServerStartError
 from pytest_specdecode.launch.base import ServerIdentity, redact_argv, wait_port_free
+from pytest_specdecode.redaction import is_secret_name
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,6 @@ VANISHED_EXIT_CODE = -1
 SIM_IMAGE = "pytest-specdecode-sim:local"
 
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", "::", ""})
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|AUTH", re.IGNORECASE)
 # Consecutive failed engine calls exit_code() tolerates before it reports the server gone.
 _ENGINE_FAILURES_TOLERATED = 3
 # Errors that mean "the engine did not answer" rather than "the engine said no".
@@ -587,7 +587,7 @@ def container_name(name: str | None, port: int) -> str:
 
 
 def redact_env(name: str, value: str) -> str:
-    return "***" if _SECRET_NAME.search(name) else value
+    return "***" if is_secret_name(name) else value
 
 
 def _docker_host_of(client: docker.DockerClient | None) -> str | None:
