@@ -12,8 +12,8 @@ import pytest
 
 from pytest_specdecode import llamacpp
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.launch.factory import make_launcher
 from pytest_specdecode.llamacpp import LlamaCppSpeculative, file_sha256, resolve_binary
-from pytest_specdecode.pool import make_launcher
 from pytest_specdecode.profiles import ALGORITHM_MARKERS, ProfileFile, ServerProfile, load_profiles
 
 

@@ -1,0 +1,102 @@
+"""From a profile to a launcher, and from a recorded identity back to a live server.
+
+The pool keeps servers alive across sessions through the identities in the state file
+(:mod:`pytest_specdecode.state`): a pid with the command it ran, or a container id. These
+functions are the only places that know which launcher kind an identity belongs to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.launch.base import Launcher, ServerIdentity, wait_port_free
+from pytest_specdecode.launch.subprocess import (
+    SubprocessLauncher,
+    process_alive,
+    process_cmdline,
+    stop_process_group,
+)
+from pytest_specdecode.llamacpp import resolve_binary
+from pytest_specdecode.profiles import ServerProfile
+
+# Secrets a server may need (gated model downloads) that a container does not inherit. They are
+# passed through from pytest's environment and never recorded in a profile or fingerprint.
+FORWARDED_SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def make_launcher(
+    profile: ServerProfile,
+    *,
+    port: int,
+    log_path: Path,
+    env: Mapping[str, str],
+    api_key: str | None,
+) -> Launcher:
+    key_args = ["--api-key", api_key] if api_key else []
+    if profile.launcher == "docker":
+        from pytest_specdecode.launch.docker import DockerLauncher, container_bind_host
+
+        if profile.docker is None:
+            raise ConfigError(f"profile {profile.name!r} uses launcher docker but has no image")
+        container_env = profile.launch_env({})
+        for name in FORWARDED_SECRETS:  # never in a profile or fingerprint, but models need them
+            if env.get(name):
+                container_env[name] = env[name]
+        bind = container_bind_host(profile.docker.network)
+        return DockerLauncher(
+            image=profile.docker.image,
+            command=profile.launch_argv(host=bind, port=port) + key_args,
+            env=container_env,
+            host=profile.host,
+            port=port,
+            log_path=log_path,
+            gpus=list(profile.gpus),
+            shm_size=profile.docker.shm_size,
+            volumes=profile.docker.volumes,
+            network=profile.docker.network,
+            labels={
+                "pytest-specdecode.profile": profile.name,
+                "pytest-specdecode.fingerprint": profile.fingerprint().digest,
+            },
+            name=f"specdecode-{profile.name}-{port}",
+        )
+    binary = None
+    if profile.llamacpp is not None:
+        binary = resolve_binary(profile.llamacpp.binary, env, source=profile.source)
+    return SubprocessLauncher(
+        profile.launch_argv(host=profile.host, port=port, binary=binary) + key_args,
+        env=profile.launch_env(env),
+        host=profile.host,
+        port=port,
+        log_path=log_path,
+        kind=profile.launcher,
+    )
+
+
+def identity_alive(identity: ServerIdentity) -> bool:
+    if identity.get("kind") == "docker":
+        from pytest_specdecode.launch.docker import docker_server_alive
+
+        return docker_server_alive(identity)
+    pid = identity.get("pid")
+    if not isinstance(pid, int) or not process_alive(pid):
+        return False
+    # A recycled pid must not be mistaken for our server: check what it runs.
+    cmdline = process_cmdline(pid) or ""
+    return str(identity.get("argv0", "")).split(" ")[-1] in cmdline
+
+
+def stop_identity(identity: ServerIdentity, *, grace: float) -> None:
+    if identity.get("kind") == "docker":
+        from pytest_specdecode.launch.docker import stop_docker_server
+
+        stop_docker_server(identity, grace)
+        return
+    pid = identity.get("pid")
+    if isinstance(pid, int) and identity_alive(identity):
+        stop_process_group(pid, grace=grace)
+    host, port = identity.get("host"), identity.get("port")
+    if isinstance(host, str) and isinstance(port, int):
+        wait_port_free(host, port, timeout=30.0)
