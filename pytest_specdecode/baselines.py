@@ -1,10 +1,7 @@
 """The baseline store: one reviewable JSON file per test and hardware key.
 
-A baseline file keeps everything a later comparison needs to be trusted: the raw per-run
-samples (never only their summary), the summary for human readers, the workload hash, the
-profile fingerprint (hard and soft fields), and provenance (time, git commit, versions, GPUs,
-the speed-relevant environment variables with secrets redacted). Files are pretty-printed with
-sorted keys and one sample per line, so ``git diff`` of a re-recorded baseline is a review.
+Each file holds one :class:`~pytest_specdecode.baseline_record.BaselineRecord`, pretty-printed
+with sorted keys and one sample per line, so ``git diff`` of a re-recorded baseline is a review.
 
 Layout (see :meth:`BaselineStore.path_for`)::
 
@@ -12,25 +9,13 @@ Layout (see :meth:`BaselineStore.path_for`)::
 
 Writes are atomic (temporary file in the same directory, then ``os.replace``) and serialised per
 file by a ``filelock.FileLock`` next to it. A file that cannot be read is never overwritten: an
-update moves it aside to ``<name>.json.corrupt-<UTC time>`` and says so.
-
-Decisions where the design was silent:
-
-* The stored ``summary`` and ``fingerprint.digest`` are for readers; loading recomputes both
-  from the samples and the hard fields, so a hand-edited sample cannot disagree with its summary.
-* Unknown top-level keys are an error, not ignored: a field this version does not understand
-  would otherwise be dropped silently on the next ``--update-baselines``.
-* Secrets are redacted twice: in :func:`collect_provenance` and again when a record is built,
-  over every JSON object key, ``NAME=value`` string and ``--flag value`` pair in provenance and
-  fingerprint (a profile's ``--api-key`` argument must not reach git either).
+update moves it aside to ``<name>.json.corrupt-<UTC time>`` and says so. ``--update-baselines``
+refuses a baseline noisier than ``--specdecode-max-baseline-cv`` unless forced.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import math
-import statistics
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,19 +23,14 @@ from pathlib import Path
 
 import filelock
 
-from pytest_specdecode import __version__
+from pytest_specdecode.baseline_record import (
+    BaselineFileError,
+    BaselineRecord,
+    check_fingerprint,
+    parse_baseline_json,
+)
 from pytest_specdecode.errors import BaselineError
 from pytest_specdecode.files import atomic_write_text, move_aside, remove_stale_temp_files
-from pytest_specdecode.fingerprint import FieldDifference, Fingerprint, JSONValue
-from pytest_specdecode.redaction import redact_json
-
-SCHEMA_VERSION = 1
-"""Version of the baseline file layout; bumped whenever a reader of the old layout would
-misread the new one."""
-
-SCHEMA_PATH = Path(__file__).parent / "schemas" / "baseline.schema.json"
-"""JSON Schema (draft 2020-12) of a baseline file, for editors and CI; the package itself
-validates with :meth:`BaselineRecord.from_json`."""
 
 METRIC_UNITS: Mapping[str, str] = {
     "tok_s": "tok/s",
@@ -62,352 +42,6 @@ METRIC_UNITS: Mapping[str, str] = {
     "itl_p99": "s",
 }
 """Units of the metric names in docs/architecture.md, for :meth:`BaselineUpdate.describe`."""
-
-_REMEDY = (
-    "Fix the file by hand, or re-record it with --update-baselines (the unreadable file is kept "
-    "as <name>.json.corrupt-<time>, not deleted)."
-)
-
-
-class BaselineFileError(BaselineError):
-    """A baseline file that cannot be used as it is; ``problem`` says why in a few words
-    (without the path and the advice, which the full message adds)."""
-
-    def __init__(self, problem: str, remedy: str = _REMEDY, *, path: Path | str | None) -> None:
-        self.problem = problem
-        super().__init__(f"{problem}. {remedy}", path=None if path is None else str(path))
-
-
-# --------------------------------------------------------------------------- samples
-
-
-@dataclass(frozen=True)
-class MetricSamples:
-    """The per-run values of one metric, in run order."""
-
-    values: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        values = tuple(float(v) for v in self.values)
-        if not values:
-            raise ValueError("a metric needs at least one sample")
-        for value in values:
-            if not math.isfinite(value):
-                raise ValueError(f"samples must be finite numbers, got {value!r}")
-        object.__setattr__(self, "values", values)
-
-    @property
-    def cv(self) -> float | None:
-        """Coefficient of variation (sample std / |mean|); ``None`` when it cannot be judged
-        (one sample, or a mean of zero)."""
-        return self.summary()["cv"]
-
-    def summary(self) -> dict[str, float | None]:
-        """n, mean, std (sample, ddof=1), cv, median, min, max. ``std`` and ``cv`` are ``None``
-        with a single sample: reporting 0 would claim a noise level nobody measured."""
-        values = self.values
-        mean = statistics.fmean(values)
-        std = statistics.stdev(values) if len(values) >= 2 else None
-        cv = std / abs(mean) if std is not None and mean != 0 else None
-        return {
-            "n": len(values),
-            "mean": mean,
-            "std": std,
-            "cv": cv,
-            "median": statistics.median(values),
-            "min": min(values),
-            "max": max(values),
-        }
-
-
-# --------------------------------------------------------------------------- redaction
-
-
-def _json_copy(value: JSONValue, what: str) -> JSONValue:
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{what} must be JSON data without NaN or infinity: {exc}") from exc
-
-
-def _redacted_fingerprint(fingerprint: Fingerprint) -> Fingerprint:
-    return Fingerprint(hard=redact_json(fingerprint.hard), soft=redact_json(fingerprint.soft))
-
-
-# --------------------------------------------------------------------------- the record
-
-
-@dataclass(frozen=True)
-class BaselineRecord:
-    """One stored baseline: the runs of one test on one hardware key, and what they ran under."""
-
-    test_id: str
-    profile: str
-    hardware_key: str
-    simulated: bool
-    workload_name: str
-    workload_hash: str
-    fingerprint: Fingerprint
-    samples: Mapping[str, tuple[float, ...]]
-    provenance: Mapping[str, JSONValue]
-    created_unix: float
-    schema_version: int = SCHEMA_VERSION
-
-    def __post_init__(self) -> None:
-        if not self.test_id or not self.hardware_key:
-            raise ValueError("a baseline needs a test id and a hardware key")
-        if not self.samples:
-            raise ValueError(f"baseline of {self.test_id} has no samples")
-        samples: dict[str, tuple[float, ...]] = {}
-        for name, values in sorted(self.samples.items()):
-            try:
-                samples[name] = MetricSamples(tuple(values)).values
-            except ValueError as exc:
-                raise ValueError(f"samples[{name!r}]: {exc}") from exc
-        object.__setattr__(self, "samples", samples)
-        provenance = _json_copy(dict(self.provenance), "provenance")
-        object.__setattr__(self, "provenance", redact_json(provenance))
-        object.__setattr__(self, "fingerprint", _redacted_fingerprint(self.fingerprint))
-        object.__setattr__(self, "created_unix", float(self.created_unix))
-
-    def metric(self, name: str) -> MetricSamples:
-        """The samples of one metric; ``KeyError`` if this baseline did not record it."""
-        return MetricSamples(self.samples[name])
-
-    def summary(self) -> dict[str, dict[str, float | None]]:
-        """Per metric: n, mean, std, cv, median, min, max (see :meth:`MetricSamples.summary`)."""
-        return {name: MetricSamples(values).summary() for name, values in self.samples.items()}
-
-    def to_json(self) -> dict[str, JSONValue]:
-        """The file's content as JSON data (matches ``schemas/baseline.schema.json``)."""
-        return {
-            "schema_version": self.schema_version,
-            "test_id": self.test_id,
-            "profile": self.profile,
-            "hardware_key": self.hardware_key,
-            "simulated": self.simulated,
-            "workload_name": self.workload_name,
-            "workload_hash": self.workload_hash,
-            "fingerprint": self.fingerprint.to_json(),
-            "samples": {name: list(values) for name, values in self.samples.items()},
-            "summary": {name: _readable(summary) for name, summary in self.summary().items()},
-            "provenance": dict(self.provenance),
-            "created_unix": self.created_unix,
-        }
-
-    def to_text(self) -> str:
-        """Pretty-printed, sorted-key JSON with a trailing newline: the exact file content."""
-        return json.dumps(self.to_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-    @classmethod
-    def from_json(cls, data: JSONValue, *, path: Path | str | None = None) -> BaselineRecord:
-        """Validate and build a record; :class:`BaselineError` names ``path`` and the field."""
-        where = path
-        if not isinstance(data, Mapping):
-            raise BaselineFileError(
-                f"a baseline file holds one JSON object, this one a {type(data).__name__}",
-                path=where,
-            )
-        _check_schema_version(data.get("schema_version", None), where)
-        unknown = sorted(set(data) - _FIELDS)
-        if unknown:
-            raise BaselineFileError(
-                f"unknown field(s) {', '.join(map(repr, unknown))} for schema version "
-                f"{SCHEMA_VERSION} (known: {', '.join(sorted(_FIELDS))}); they would be lost on "
-                "the next update",
-                path=where,
-            )
-        get = _FieldReader(data, where)
-        try:
-            fingerprint = Fingerprint.from_json(get.mapping("fingerprint"))
-        except ValueError as exc:
-            raise BaselineFileError(f"field 'fingerprint': {exc}", path=where) from exc
-        get.mapping("summary")  # derived; recomputed from the samples, but must be well formed
-        try:
-            return cls(
-                test_id=get.text("test_id"),
-                profile=get.text("profile"),
-                hardware_key=get.text("hardware_key"),
-                simulated=get.boolean("simulated"),
-                workload_name=get.text("workload_name"),
-                workload_hash=get.text("workload_hash"),
-                fingerprint=fingerprint,
-                samples=get.samples(),
-                provenance=get.mapping("provenance"),
-                created_unix=get.number("created_unix"),
-                schema_version=SCHEMA_VERSION,
-            )
-        except (ValueError, OverflowError) as exc:
-            raise BaselineFileError(str(exc), path=where) from exc
-
-
-def _readable(summary: Mapping[str, float | None]) -> dict[str, float | None]:
-    # 12 significant digits: drops float noise such as 94.10000000000001 from the diff; the
-    # summary is for readers only (loading recomputes it from the exact samples).
-    return {
-        key: value if value is None or isinstance(value, int) else float(f"{value:.12g}")
-        for key, value in summary.items()
-    }
-
-
-_FIELDS = frozenset(
-    {
-        "schema_version",
-        "test_id",
-        "profile",
-        "hardware_key",
-        "simulated",
-        "workload_name",
-        "workload_hash",
-        "fingerprint",
-        "samples",
-        "summary",
-        "provenance",
-        "created_unix",
-    }
-)
-
-
-def _check_schema_version(version: JSONValue, where: Path | str | None) -> None:
-    if isinstance(version, int) and not isinstance(version, bool) and version == SCHEMA_VERSION:
-        return
-    reads = f"this pytest-specdecode ({__version__}) reads schema version {SCHEMA_VERSION}"
-    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
-        advice = (
-            "It was written by a newer pytest-specdecode: upgrade the plugin, or re-record the "
-            "baseline with --update-baselines (the newer file is kept as "
-            "<name>.json.corrupt-<time>)."
-        )
-    elif isinstance(version, int) and not isinstance(version, bool):
-        advice = (
-            "It was written by an older pytest-specdecode: re-record the baseline with "
-            "--update-baselines (the old file is kept as <name>.json.corrupt-<time>)."
-        )
-    else:
-        raise BaselineFileError(
-            f"has no valid 'schema_version' (found {version!r}); {reads}. Is this a "
-            "pytest-specdecode baseline?",
-            path=where,
-        )
-    raise BaselineFileError(f"has schema version {version}, but {reads}", advice, path=where)
-
-
-class _FieldReader:
-    """Typed access to the fields of a parsed baseline, failing with the field's name."""
-
-    def __init__(self, data: Mapping[str, JSONValue], where: Path | str | None) -> None:
-        self._data = data
-        self._where = where
-
-    def _get(self, name: str, expected: str) -> JSONValue:
-        if name not in self._data:
-            raise BaselineFileError(f"missing field {name!r} ({expected})", path=self._where)
-        return self._data[name]
-
-    def _bad(self, name: str, expected: str, value: JSONValue) -> BaselineFileError:
-        return BaselineFileError(
-            f"field {name!r} must be {expected}, got {value!r}", path=self._where
-        )
-
-    def text(self, name: str) -> str:
-        value = self._get(name, "a string")
-        if not isinstance(value, str):
-            raise self._bad(name, "a string", value)
-        return value
-
-    def boolean(self, name: str) -> bool:
-        value = self._get(name, "true or false")
-        if not isinstance(value, bool):
-            raise self._bad(name, "true or false", value)
-        return value
-
-    def number(self, name: str) -> float:
-        value = self._get(name, "a number")
-        if not _is_number(value):
-            raise self._bad(name, "a number", value)
-        return float(value)
-
-    def mapping(self, name: str) -> Mapping[str, JSONValue]:
-        value = self._get(name, "an object")
-        if not isinstance(value, Mapping):
-            raise self._bad(name, "an object", value)
-        return value
-
-    def samples(self) -> dict[str, tuple[float, ...]]:
-        samples = self.mapping("samples")
-        if not samples:
-            raise self._bad("samples", "an object with at least one metric", samples)
-        out: dict[str, tuple[float, ...]] = {}
-        for metric, values in samples.items():
-            if not isinstance(values, list) or not values or not all(map(_is_number, values)):
-                raise self._bad(f"samples.{metric}", "a non-empty list of numbers", values)
-            out[metric] = tuple(float(v) for v in values)
-        return out
-
-
-def _is_number(value: JSONValue) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-# --------------------------------------------------------------------------- fingerprint check
-
-
-@dataclass(frozen=True)
-class FingerprintCheck:
-    """How a stored baseline's configuration differs from the current one."""
-
-    hard: tuple[FieldDifference, ...]
-    soft: tuple[FieldDifference, ...]
-
-    @property
-    def comparable(self) -> bool:
-        """False when a hard field differs: the two runs are different experiments."""
-        return not self.hard
-
-    def error_message(self, record_path: Path | str) -> str:
-        """Why the baseline at ``record_path`` is not compared, naming every hard field."""
-        names = ", ".join(d.name for d in self.hard)
-        lines = [
-            f"{record_path}: not compared: the baseline was recorded under a different "
-            f"configuration (hard fields differ: {names}):"
-        ]
-        lines += [f"  {d.describe()}" for d in self.hard]
-        if self.soft:
-            lines.append("Soft fields that differ as well:")
-            lines += [f"  {d.describe()}" for d in self.soft]
-        lines.append(
-            "If the change is intended, re-record the baseline with --update-baselines; "
-            "otherwise restore the configuration the baseline was measured with."
-        )
-        return "\n".join(lines)
-
-    def warning_message(self, record_path: Path | str | None = None) -> str:
-        """A warning naming the soft fields that differ (the comparison still runs)."""
-        where = f"{record_path}: " if record_path is not None else ""
-        details = "; ".join(d.describe() for d in self.soft)
-        return f"{where}compared, but soft fields differ from the baseline: {details}"
-
-
-def check_fingerprint(
-    stored: BaselineRecord,
-    current: Fingerprint,
-    *,
-    workload_hash: str | None = None,
-    simulated: bool | None = None,
-) -> FingerprintCheck:
-    """Compare a stored baseline's fingerprint with the current one.
-
-    ``current`` is redacted the way stored fingerprints are, so a secret never shows up as a
-    difference. A different ``workload_hash`` or ``simulated`` flag, when given, counts as a
-    hard difference: other prompts or a simulated server make a different experiment.
-    """
-    diff = stored.fingerprint.diff(_redacted_fingerprint(current))
-    hard = list(diff.hard)
-    if workload_hash is not None and workload_hash != stored.workload_hash:
-        hard.append(FieldDifference("workload_hash", stored.workload_hash, workload_hash))
-    if simulated is not None and simulated != stored.simulated:
-        hard.append(FieldDifference("simulated", stored.simulated, simulated))
-    return FingerprintCheck(hard=tuple(hard), soft=diff.soft)
 
 
 # --------------------------------------------------------------------------- file names
@@ -647,7 +281,7 @@ class BaselineStore:
             raw = path.read_bytes()
         except OSError as exc:
             raise BaselineFileError(f"cannot read the baseline file: {exc}", path=path) from exc
-        record = BaselineRecord.from_json(_parse_json(raw, path), path=path)
+        record = BaselineRecord.from_json(parse_baseline_json(raw, path), path=path)
         try:
             expected = self.path_for(record.hardware_key, record.test_id)
         except ValueError as exc:
@@ -688,34 +322,6 @@ class BaselineStore:
                 ) from move_error
             return None, moved, exc.problem
         return old, None, None
-
-
-def _parse_json(raw: bytes, path: Path) -> JSONValue:
-    def no_duplicates(pairs: list[tuple[str, JSONValue]]) -> dict[str, JSONValue]:
-        # A merge resolved by hand can leave a key twice; json would silently keep the last.
-        keys = [key for key, _ in pairs]
-        repeated = sorted({key for key in keys if keys.count(key) > 1})
-        if repeated:
-            raise ValueError(f"duplicate key(s) {', '.join(map(repr, repeated))}")
-        return dict(pairs)
-
-    def no_constants(name: str) -> JSONValue:
-        raise ValueError(f"{name} is not a JSON number")
-
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BaselineFileError(f"is not UTF-8 text ({exc})", path=path) from exc
-    try:
-        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
-    except json.JSONDecodeError as exc:
-        conflict = " and holds git merge-conflict markers" if "<<<<<<<" in text else ""
-        raise BaselineFileError(
-            f"is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}){conflict}",
-            path=path,
-        ) from exc
-    except ValueError as exc:
-        raise BaselineFileError(f"is not valid baseline JSON: {exc}", path=path) from exc
 
 
 def _refuse_noisy(

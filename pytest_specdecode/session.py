@@ -21,12 +21,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pytest_specdecode.backends import Backend, backend_for
-from pytest_specdecode.baselines import (
-    BaselineRecord,
-    BaselineStore,
-    BaselineUpdate,
-    check_fingerprint,
-)
+from pytest_specdecode.baseline_record import BaselineRecord, check_fingerprint
+from pytest_specdecode.baselines import BaselineStore, BaselineUpdate
 from pytest_specdecode.client import MeasurementClient
 from pytest_specdecode.errors import (
     BaselineError,

@@ -17,15 +17,14 @@ import jsonschema
 import pytest
 
 from pytest_specdecode import __version__
-from pytest_specdecode.baselines import (
+from pytest_specdecode.baseline_record import (
     SCHEMA_PATH,
     SCHEMA_VERSION,
     BaselineRecord,
-    BaselineStore,
-    BaselineUpdate,
     MetricSamples,
     check_fingerprint,
 )
+from pytest_specdecode.baselines import BaselineStore, BaselineUpdate
 from pytest_specdecode.errors import BaselineError, ConfigError
 from pytest_specdecode.fingerprint import Fingerprint
 from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpus, hardware_key
