@@ -119,6 +119,20 @@ class LlamaServer:
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
+    def log_when(self, ready: Callable[[str], bool], timeout: float = 10.0) -> str:
+        """The log once ``ready(log)`` holds, or as it is after ``timeout`` seconds.
+
+        llama.cpp writes its log from a worker thread (``common_log``), so a line can reach the
+        file a little after the HTTP answer it belongs to: reading the log once right after
+        ``/health`` says 200, or after a response, races with that thread.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            log = self.log()
+            if ready(log) or time.monotonic() > deadline:
+                return log
+            time.sleep(0.02)
+
     def _dead(self, what: str) -> AssertionError:
         return AssertionError(f"llama-server {what}; argv {self.argv}\n--- log ---\n{self.log()}")
 

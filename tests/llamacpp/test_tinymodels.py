@@ -229,13 +229,13 @@ def test_health_is_503_loading_then_200(
     assert all(body == LOADING_503 for status, body in seen[:-1] if status == 503), seen
     assert {status for status, _ in seen[:-1]} <= {503}, seen
     assert seen[-1] == (200, {"status": "ok"})
-    log = server.log()
     marks = [
         f"load_model: loading model '{tiny_models.fixed_target}'",
         f"loading draft model '{tiny_models.fixed_eagle3}'",
         "llama_server: model loaded",
         f"llama_server: listening on {server.base_url}",
     ]
+    log = server.log_when(lambda text: all(mark in text for mark in marks))
     positions = [log.find(mark) for mark in marks]
     assert all(p >= 0 for p in positions), (marks, log)
     assert positions == sorted(positions), log
@@ -273,8 +273,12 @@ def test_fixed_eagle3_pair_accepts_every_draft(
         assert types[f"{SPEC}{name}"] == "counter"
     assert types[f"{SPEC}num_accepted_tokens_per_pos_total"] == "counter"
     # the per-request log line says the same
-    match = ACCEPTANCE_LOG.findall(fixed_eagle3.log())
-    assert match, fixed_eagle3.log()
+    expected = (str(timings["draft_n_accepted"]), str(timings["draft_n"]))
+    log = fixed_eagle3.log_when(
+        lambda text: any(found[1:3] == expected for found in ACCEPTANCE_LOG.findall(text))
+    )
+    match = ACCEPTANCE_LOG.findall(log)
+    assert match, log
     rate, accepted, generated, _mean_len = match[-1]
     assert (int(accepted), int(generated)) == (timings["draft_n_accepted"], timings["draft_n"])
     assert float(rate) == 1.0
@@ -413,8 +417,9 @@ def test_synthetic_acceptance_is_near_the_configured_rate(
 ) -> None:
     draft = tiny_models.fixed_eagle3 if "draft-eagle3" in flags else tiny_models.draft
     server = start_llama_server("-m", tiny_models.fixed_target, "-md", draft, *flags, name="synth")
-    log = server.log()
-    assert "synthetic speculative acceptance is enabled for benchmarking" in log
+    enabled = "synthetic speculative acceptance is enabled for benchmarking"
+    log = server.log_when(lambda text: enabled in text and "mean length = " in text)
+    assert enabled in log
     assert f"mean length = {length:.6f}" in log
     before, _ = scrape(server)
     # per-request seeds make the synthetic coin flips reproducible
@@ -438,10 +443,8 @@ def test_a_draft_that_is_not_eagle3_leaves_the_server_up_without_speculation(
         "-m", tiny_models.target, "--spec-type", "draft-eagle3", "-md", tiny_models.draft,
         name="not-eagle3",
     )  # fmt: skip
-    assert (
-        "failed to initialize speculative decoding context: draft model is not eagle3"
-        in server.log()
-    )
+    refused = "failed to initialize speculative decoding context: draft model is not eagle3"
+    assert refused in server.log_when(lambda text: refused in text)
     assert get_json(server, "/slots")[0]["speculative"] is False
     result = complete(server, max_tokens=16)
     assert "draft_n" not in result["timings"]
