@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pytest_specdecode.sim.logprobs import LogprobPlan
 from pytest_specdecode.sim.model import StepCosts, draw_accepted_drafts
 from pytest_specdecode.sim.prom import SimMetrics
 from pytest_specdecode.sim.tokenizer import OutputTokens
@@ -51,6 +52,7 @@ class Sequence:
         "index",
         "last_token_time",
         "log_metrics",
+        "logprobs",
         "output",
         "probs",
         "prompt_key",
@@ -79,6 +81,7 @@ class Sequence:
         arrival: float,
         log_metrics: bool = True,
         doomed: bool = False,
+        logprobs: LogprobPlan | None = None,
     ) -> None:
         self.rid = rid
         self.index = index
@@ -93,6 +96,7 @@ class Sequence:
         self.arrival = arrival
         self.log_metrics = log_metrics
         self.doomed = doomed
+        self.logprobs = logprobs  # only reported, never used by the engine
         self.cached_tokens = 0
         self.verify_ct = 0
         self.accepted_drafts = 0

@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_specdecode.sim.tokenizer import encode
+from pytest_specdecode.sim.logprobs import LogprobRequest
+from pytest_specdecode.sim.tokenizer import encode, encode_pieces
 
 _SAMPLING_KEYS = frozenset(
     {
@@ -69,6 +70,10 @@ class GenerationInput:
     prompt_is_text: bool
     sampling: SamplingParams
     log_metrics: bool = True
+    #: ``return_logprob``: what to report; None = no logprob fields.
+    logprobs: LogprobRequest | None = None
+    #: The prompt's token texts when it came as text (logprob texts need them).
+    prompt_pieces: list[str] | None = None
 
 
 def _number(params: Mapping[str, Any], key: str, default: float) -> float:
@@ -202,6 +207,8 @@ def parse_generate_request(body: Mapping[str, Any]) -> NativeRequest:
     else:
         rids = [uuid.uuid4().hex for _ in prompts]
     log_metrics = bool(body.get("log_metrics", True))
+    logprobs = _logprob_requests(body, len(prompts))
+    texts: list[str] = text if isinstance(text, list) else [text] if text is not None else []
     inputs = [
         GenerationInput(
             rid=rids[i],
@@ -209,7 +216,42 @@ def parse_generate_request(body: Mapping[str, Any]) -> NativeRequest:
             prompt_is_text=is_text,
             sampling=parse_sampling_params(params_list[i]),
             log_metrics=log_metrics,
+            logprobs=logprobs[i],
+            prompt_pieces=encode_pieces(texts[i]) if is_text and logprobs[i] else None,
         )
         for i, (ids, is_text) in enumerate(prompts)
     ]
     return NativeRequest(inputs=inputs, is_batch=is_batch, stream=bool(body.get("stream", False)))
+
+
+def _per_item(body: Mapping[str, Any], key: str, default: Any, count: int) -> list[Any]:
+    """A field given once for the batch or as a list with one value per prompt."""
+    value = body.get(key)
+    if value is None:
+        return [default] * count
+    if isinstance(value, list):
+        if len(value) != count:
+            raise ValueError(f"The length of {key} does not match the batch size.")
+        return [default if v is None else v for v in value]
+    return [value] * count
+
+
+def _logprob_requests(body: Mapping[str, Any], count: int) -> list[LogprobRequest | None]:
+    """``return_logprob`` and its companions, per prompt (``GenerateReqInput`` normalises them
+    the same way)."""
+    wanted = _per_item(body, "return_logprob", False, count)
+    starts = _per_item(body, "logprob_start_len", -1, count)
+    tops = _per_item(body, "top_logprobs_num", 0, count)
+    texts = _per_item(body, "return_text_in_logprobs", False, count)
+    requests: list[LogprobRequest | None] = []
+    for i in range(count):
+        if not wanted[i]:
+            requests.append(None)
+            continue
+        for key, value in (("logprob_start_len", starts[i]), ("top_logprobs_num", tops[i])):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{key} must be an integer, got {value!r}.")
+        if tops[i] < 0:
+            raise ValueError(f"top_logprobs_num must be at least 0, got {tops[i]}.")
+        requests.append(LogprobRequest(starts[i], tops[i], bool(texts[i])))
+    return requests

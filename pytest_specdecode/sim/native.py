@@ -83,6 +83,7 @@ async def generate(request: Request) -> Response:
     try:
         parsed = parse_generate_request(body)
         check_prompt_lengths(server, parsed.inputs)
+        logprobs = [server.plan_logprobs(item) for item in parsed.inputs]
     except ValueError as exc:
         log.error("[http_server] Error: %s", exc)
         if body.get("stream"):
@@ -90,7 +91,8 @@ async def generate(request: Request) -> Response:
             return error_stream({"message": str(exc)})
         return native_error_response(str(exc))
     seqs = [
-        server.new_sequence(item, doomed=doomed and i == 0) for i, item in enumerate(parsed.inputs)
+        server.new_sequence(item, doomed=doomed and i == 0, logprobs=logprobs[i])
+        for i, item in enumerate(parsed.inputs)
     ]
     intervals = [item.sampling.stream_interval for item in parsed.inputs]
     if parsed.stream:

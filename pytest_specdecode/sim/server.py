@@ -17,6 +17,7 @@ from pytest_specdecode.sim.args import ResolvedArgs
 from pytest_specdecode.sim.engine import Engine, Sequence
 from pytest_specdecode.sim.faults import FaultState
 from pytest_specdecode.sim.inputs import GenerationInput, SamplingParams
+from pytest_specdecode.sim.logprobs import LogprobPlan, logprob_meta_info, plan_logprobs
 from pytest_specdecode.sim.logs import SIM_LOGGER
 from pytest_specdecode.sim.model import (
     MODEL_CONSTANTS_PATH,
@@ -140,12 +141,26 @@ class SimServer:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def new_sequence(self, item: GenerationInput, *, doomed: bool = False) -> Sequence:
+    def new_sequence(
+        self, item: GenerationInput, *, doomed: bool = False, logprobs: LogprobPlan | None = None
+    ) -> Sequence:
         """Plan one request: index, RNG, speed factor, length and acceptance, then submit it."""
         index = self._next_index
         self._next_index += 1
         rng = random.Random(f"{self.sim.seed}:{index}")
-        return self._submit(item, index, rng, doomed=doomed)
+        return self._submit(item, index, rng, doomed=doomed, logprobs=logprobs)
+
+    def plan_logprobs(self, item: GenerationInput) -> LogprobPlan | None:
+        """The request's logprob reporting, or None; ``ValueError`` (a 400) for a bad start.
+
+        Prefill-only (no token to generate) holds only without speculation, as upstream's
+        ``Req.is_prefill_only``."""
+        if item.logprobs is None:
+            return None
+        prefill_only = item.sampling.max_new_tokens == 0 and not self.speculative
+        return plan_logprobs(
+            item.logprobs, item.prompt_ids, item.prompt_pieces, prefill_only=prefill_only
+        )
 
     def new_health_probe(self) -> Sequence:
         """SGLang's 1-token probe; it consumes no request index, so probes never shift seeds."""
@@ -166,6 +181,7 @@ class SimServer:
         *,
         doomed: bool,
         noise: bool = True,
+        logprobs: LogprobPlan | None = None,
     ) -> Sequence:
         sampling = item.sampling
         key = prompt_key(item.prompt_ids)
@@ -208,6 +224,7 @@ class SimServer:
             arrival=asyncio.get_running_loop().time(),
             log_metrics=item.log_metrics,
             doomed=doomed,
+            logprobs=logprobs,
         )
         self.engine.submit(seq)
         return seq
@@ -265,6 +282,8 @@ class SimServer:
             "completion_tokens": count,
             "cached_tokens": seq.cached_tokens,
         }
+        if seq.logprobs is not None:
+            info.update(logprob_meta_info(seq.logprobs, seq.output, count))
         if not final:
             return info
         if self.speculative:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 BOS_TOKEN_ID = 1
 EOS_TOKEN_ID = 2
@@ -18,6 +18,7 @@ _PROMPT_VOCAB = 150_000
 _PROMPT_ID_OFFSET = 1_000
 _OUTPUT_ID_OFFSET = 200_000
 _PIECE = re.compile(r"\w+|[^\w\s]")
+_SPECIAL_TEXT = {BOS_TOKEN_ID: "<s>", EOS_TOKEN_ID: "</s>"}
 
 _WORD_LIST = (
     "the of and to in is that for it as with was on be by this are at from or an which have "
@@ -48,6 +49,30 @@ def encode(text: str) -> list[int]:
         for piece in _PIECE.findall(text)
     )
     return ids
+
+
+def encode_pieces(text: str) -> list[str]:
+    """The text of each token ``encode(text)`` returns, BOS included (for logprob texts)."""
+    return [_SPECIAL_TEXT[BOS_TOKEN_ID], *_PIECE.findall(text)]
+
+
+def token_text(token_id: int) -> str:
+    """Text of one token id. Prompt ids are one-way hashes of their words: a prompt's pieces
+    come from ``encode_pieces``; an id seen without its text reads ``<id>``."""
+    offset = token_id - _OUTPUT_ID_OFFSET
+    if 0 <= offset < len(_OUTPUT_PIECES):
+        return _OUTPUT_PIECES[offset]
+    return _SPECIAL_TEXT.get(token_id, f"<{token_id}>")
+
+
+def alternative_output_ids(position: int, chosen: int) -> Iterator[int]:
+    """Other output-vocabulary ids for top-logprob lists: stable per position, never ``chosen``."""
+    vocab = len(_OUTPUT_PIECES)
+    first = zlib.crc32(f"alt:{position}".encode("ascii")) % vocab
+    for step in range(vocab):
+        token_id = _OUTPUT_ID_OFFSET + (first + step) % vocab
+        if token_id != chosen:
+            yield token_id
 
 
 def prompt_key(ids: Sequence[int]) -> int:

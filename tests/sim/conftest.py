@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import pytest
@@ -179,3 +181,169 @@ def start_module_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Start
     launcher = SimLauncher(tmp_path_factory.mktemp("sim"))
     yield launcher
     launcher.close()
+
+
+# -- SGLang's own client code, in a venv of its own ----------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+PROVISION_SCRIPT = REPO / "scripts" / "provision-sglang-client.sh"
+PROVISION = "bash scripts/provision-sglang-client.sh"
+ENV_CLIENT_PYTHON = "SPECDECODE_SGLANG_CLIENT_PYTHON"
+ENV_REQUIRE_CLIENT = "SPECDECODE_REQUIRE_SGLANG_CLIENT"
+#: The modules the tests run; importing them is the provisioning script's own completeness check.
+CLIENT_IMPORTS = "import sglang.bench_serving, sglang.lang.backend.runtime_endpoint, openai"
+
+#: Realistic English for the tokenizer and the ShareGPT-format dataset (no downloads at test time).
+CORPUS = (
+    "Speculative decoding lets a small draft model propose several tokens that the target model "
+    "verifies in a single forward pass.",
+    "When the draft guesses right, the server emits more than one token per step, so decode "
+    "throughput goes up without changing the output.",
+    "EAGLE3 drafts from the target model's own hidden states; its accept length is usually "
+    "between two and four tokens per verify step.",
+    "At tensor parallel eight, NCCL tuning matters: the ring algorithm with the low-latency "
+    "protocol cuts the time of every small all-reduce.",
+    "What is the capital city of France? The capital city of France is Paris, on the Seine.",
+    "Explain how a radix cache reuses the prefix of a prompt that many requests share, and why "
+    "the first request after a flush is slower.",
+    "Write a short poem about a GPU that never sleeps and a benchmark that never ends.",
+    "A baseline is only worth comparing against when it was measured under the same "
+    "configuration, with the same prompts and the same output length.",
+    "Why does a server that says it is healthy still answer the first requests slowly? Because "
+    "CUDA graphs and caches are still warming up.",
+    "Summarise the difference between time to first token and time per output token for a "
+    "chat user who streams long answers.",
+    "The verify step costs mostly fixed overhead, so drafting three tokens is barely cheaper "
+    "than drafting six when the acceptance is low.",
+    "List three reasons why two runs of the same benchmark on the same machine can differ by "
+    "five percent or more.",
+)
+
+#: Trains a byte-level BPE tokenizer on the corpus and saves it where AutoTokenizer finds it.
+TOKENIZER_SCRIPT = """
+import json, sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+out, corpus = sys.argv[1], json.loads(sys.argv[2])
+tokenizer = Tokenizer(models.BPE())
+tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tokenizer.decoder = decoders.ByteLevel()
+trainer = trainers.BpeTrainer(
+    vocab_size=512, special_tokens=["<s>", "</s>"],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+)
+tokenizer.train_from_iterator(corpus, trainer)
+fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")
+fast.save_pretrained(out)
+"""
+
+
+def _client_unavailable(reason: str) -> NoReturn:
+    if os.environ.get(ENV_REQUIRE_CLIENT) == "1":
+        pytest.fail(
+            f"{reason}, and {ENV_REQUIRE_CLIENT}=1 says it must be there (did `{PROVISION}` run?)",
+            pytrace=False,
+        )
+    pytest.skip(f"{reason}; run `{PROVISION}` to provision it (or set {ENV_CLIENT_PYTHON})")
+
+
+def default_client_python() -> tuple[Path, Path]:
+    """Where ``scripts/provision-sglang-client.sh`` puts the venv's python, and its stamp file.
+
+    Same rule as the script: ``$SPECDECODE_CACHE`` (default ``$XDG_CACHE_HOME`` or ``~/.cache``,
+    plus ``pytest-specdecode``) ``/sglang-client/<version>/``, where the version is
+    ``$SGLANG_CLIENT_VERSION`` or the script's own default.
+    """
+    match = re.search(r'SGLANG_CLIENT_VERSION:-([^}"]+)', PROVISION_SCRIPT.read_text())
+    if match is None:
+        raise RuntimeError(f"no default sglang version found in {PROVISION_SCRIPT}")
+    version = os.environ.get("SGLANG_CLIENT_VERSION", match.group(1))
+    cache = os.environ.get("SPECDECODE_CACHE")
+    if not cache:
+        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        cache = str(Path(xdg) / "pytest-specdecode")
+    root = Path(cache) / "sglang-client" / version
+    return root / "venv" / "bin" / "python", root / "complete"
+
+
+@dataclass(frozen=True)
+class SglangClient:
+    """SGLang's client code in its venv, plus a local tokenizer and dataset for it."""
+
+    python: Path
+    tokenizer: Path
+    sharegpt: Path
+
+    def env(self) -> dict[str, str]:
+        """Offline, and free of this process's Python settings and API keys."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("PYTHON", "NCCL_")) and k not in ("OPENAI_API_KEY", "API_KEY")
+        }
+        env.update(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            TRANSFORMERS_VERBOSITY="error",
+            NO_PROXY="127.0.0.1,localhost",
+            no_proxy="127.0.0.1,localhost",
+        )
+        return env
+
+    def run(self, *args: str | Path, timeout: float = 180.0) -> subprocess.CompletedProcess[str]:
+        """Run the venv's python with ``args``; a non-zero exit fails with its output."""
+        argv = [str(self.python), *map(str, args)]
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, env=self.env(), check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"{argv} did not finish within {timeout}s:\n{exc.stdout}") from exc
+        if done.returncode != 0:
+            raise AssertionError(
+                f"{argv} exited {done.returncode}\n--- stdout ---\n{done.stdout[-4000:]}"
+                f"\n--- stderr ---\n{done.stderr[-4000:]}"
+            )
+        return done
+
+
+@pytest.fixture(scope="session")
+def sglang_client(tmp_path_factory: pytest.TempPathFactory) -> SglangClient:
+    """The provisioned venv (skip, or fail under ``SPECDECODE_REQUIRE_SGLANG_CLIENT=1``, without
+    it), a byte-level BPE tokenizer trained on ``CORPUS`` and a ShareGPT-format file of it."""
+    configured = os.environ.get(ENV_CLIENT_PYTHON)
+    if configured:
+        python, where = Path(configured), f"{ENV_CLIENT_PYTHON}={configured}"
+    else:
+        python, stamp = default_client_python()
+        where = str(python)
+        if not stamp.is_file():
+            _client_unavailable(f"no finished SGLang client venv ({stamp} is missing)")
+    if not (python.is_file() and os.access(python, os.X_OK)):
+        _client_unavailable(f"no SGLang client python at {where}")
+    root = tmp_path_factory.mktemp("sglang-client")
+    client = SglangClient(python, root / "tokenizer", root / "sharegpt.json")
+    try:
+        subprocess.run(
+            [str(python), "-c", CLIENT_IMPORTS],
+            capture_output=True, text=True, timeout=120, env=client.env(), check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        output = getattr(exc, "stderr", None) or exc
+        _client_unavailable(f"the python at {where} cannot run `{CLIENT_IMPORTS}`: {output}")
+    client.run("-c", TOKENIZER_SCRIPT, client.tokenizer, json.dumps(CORPUS))
+    # ShareGPT's shape: each line of the corpus asked, and the next one answered.
+    conversations = [
+        {
+            "id": f"sim-{i}",
+            "conversations": [
+                {"from": "human", "value": line},
+                {"from": "gpt", "value": CORPUS[(i + 1) % len(CORPUS)]},
+            ],
+        }
+        for i, line in enumerate(CORPUS)
+    ]
+    client.sharegpt.write_text(json.dumps(conversations), encoding="utf-8")
+    return client

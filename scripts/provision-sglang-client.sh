@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Provision a Python venv holding SGLang's own client code (sglang.bench_serving, the frontend
+# language's RuntimeEndpoint) and the official openai SDK, so tests/sim can run real SGLang client
+# code against the simulated server. Built once into a cache OUTSIDE the clone, like
+# scripts/build-llama-server.sh; nothing is downloaded at test time.
+#
+#   scripts/provision-sglang-client.sh       # prints the venv's python as its last line
+#
+# sglang itself is installed with --no-deps: its full dependency set pulls torch, flashinfer and
+# CUDA wheels (gigabytes) that only its server needs. The client modules import just a few
+# packages; those are installed at the versions sglang's own metadata pins (openai==2.6.1 and
+# transformers==4.57.1 for 0.5.6), so the client code runs against what it was released with.
+#
+# Environment: SPECDECODE_CACHE (default ~/.cache/pytest-specdecode), SGLANG_CLIENT_VERSION,
+# SGLANG_CLIENT_BASE_PYTHON (the interpreter the venv is made from: python3; 3.10 or newer).
+set -euo pipefail
+
+version="${SGLANG_CLIENT_VERSION:-0.5.6}"
+cache="${SPECDECODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pytest-specdecode}"
+root="$cache/sglang-client/$version"
+venv="$root/venv"
+python="$venv/bin/python"
+stamp="$root/complete"
+base_python="${SGLANG_CLIENT_BASE_PYTHON:-python3}"
+# What the client modules import beyond the standard library (read from sglang/__init__.py,
+# sglang/utils.py, sglang/lang/ and sglang/bench_serving.py of 0.5.6); no torch among them.
+client_packages="aiohttp datasets IPython numpy openai pillow pybase64 pydantic requests tqdm
+transformers"
+check='import sglang.bench_serving, sglang.lang.backend.runtime_endpoint, openai'
+
+die() { echo "provision-sglang-client: $*" >&2; exit 1; }
+
+# Finished = stamped, and its interpreter still runs (the base python may have been removed).
+finished() { [ -f "$stamp" ] && [ -x "$python" ] && "$python" -c 'import sys' 2>/dev/null; }
+if finished; then
+  echo "$python"
+  exit 0
+fi
+
+command -v "$base_python" >/dev/null 2>&1 \
+  || die "no interpreter '$base_python' (\$SGLANG_CLIENT_BASE_PYTHON, default python3): set it"
+"$base_python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+  || die "'$base_python' is $("$base_python" -V 2>&1); sglang $version needs Python 3.10" \
+    "or newer: set SGLANG_CLIENT_BASE_PYTHON"
+
+mkdir -p "$root"
+# Two provisioners at once (scripts/test in two clones) would build into the same directory.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$root/.lock"
+  flock 9
+fi
+if finished; then  # another provisioner finished while this one waited for the lock
+  echo "$python"
+  exit 0
+fi
+
+start=$(date +%s)
+echo "provisioning sglang==$version client code into $venv (about a minute)" >&2
+# No stamp, or an interpreter that no longer runs: start again, stamp last.
+rm -f "$stamp"
+rm -rf "$venv"
+"$base_python" -m venv "$venv" >&2 || die "'$base_python -m venv $venv' failed (is the venv module installed?)"
+pip=("$python" -m pip install --quiet --disable-pip-version-check)
+"${pip[@]}" --no-deps "sglang==$version" >&2 \
+  || die "'pip install --no-deps sglang==$version' failed: is the package index reachable?"
+
+# The client packages at sglang's own pins (name==x) where it pins them, else the newest.
+requirements=$("$python" - "$client_packages" <<'EOF'
+import re
+import sys
+from importlib.metadata import requires
+
+wanted = {name.lower() for name in sys.argv[1].split()}
+found = {}
+for line in requires("sglang") or []:
+    if ";" in line and "extra" in line.split(";", 1)[1]:
+        continue  # optional extras (test, all, ...) are not what the base install asks for
+    spec = line.split(";", 1)[0].strip()
+    name = re.match(r"[A-Za-z0-9_.-]+", spec).group(0).lower()
+    if name in wanted:
+        found[name] = spec.replace(" ", "")
+for name in sorted(wanted):
+    print(found.get(name, name))
+EOF
+) || die "could not read sglang $version's requirements from its metadata"
+echo "$requirements" | grep -q '^openai==' \
+  || die "sglang $version's metadata pins no openai version; got: $(echo $requirements)"
+echo "installing $(echo $requirements); pip will then list sglang's server dependencies" \
+  "(torch, flashinfer, ...) as missing: they are left out on purpose" >&2
+# shellcheck disable=SC2086  # one requirement per word, on purpose
+"${pip[@]}" $requirements >&2 \
+  || die "'pip install $(echo $requirements)' into $venv failed: is the package index reachable?"
+
+"$python" -c "$check" >&2 \
+  || die "the venv at $venv cannot import the client modules ('$check' failed above); \
+a package the client needs is missing from client_packages in $0"
+"$python" -m pip freeze --disable-pip-version-check >"$stamp"
+echo "provisioned in $(( $(date +%s) - start ))s" >&2
+echo "$python"
