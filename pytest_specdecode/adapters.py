@@ -212,7 +212,8 @@ class LlamaCppCompletions:
     ``timings.draft_n`` and ``draft_n_accepted`` (draft tokens proposed and accepted in this
     request, present only when the slot speculates) go into ``RequestRecord.spec``.
     ``spec_verify_ct`` stays None: llama-server reports verification steps only in its
-    Prometheus counters, which the llama.cpp backend reads around each run.
+    Prometheus counters, which the llama.cpp backend reads around each run. The server's own
+    time for the request (``server_e2e_latency``) is ``timings.prompt_ms + predicted_ms``.
     """
 
     streaming: bool
@@ -253,7 +254,20 @@ class LlamaCppCompletions:
         spec = {key: _count(timings, key) for key in LLAMACPP_SPEC_KEYS if key in timings}
         # llama-server's usage (only in the final chunk) always counts the whole request
         summary = update.summary or update.completion_tokens is not None
-        return replace(update, spec=spec, summary=summary)
+        return replace(
+            update, spec=spec, summary=summary, server_e2e_latency=_server_seconds(timings)
+        )
+
+
+def _server_seconds(timings: Mapping[str, object]) -> float | None:
+    """llama-server's own time for a request: prompt evaluation plus generation (``prompt_ms``
+    + ``predicted_ms``; queueing and HTTP are not in it), as SGLang's ``e2e_latency`` is the
+    server's account beside the client's wall time."""
+    prompt_ms = _number(timings.get("prompt_ms"))
+    predicted_ms = _number(timings.get("predicted_ms"))
+    if prompt_ms is None or predicted_ms is None:
+        return None
+    return (prompt_ms + predicted_ms) / 1000.0
 
 
 def prompt_seed(prompt: Prompt) -> int:

@@ -340,6 +340,8 @@ def test_llamacpp_non_streaming_and_prompt_cache() -> None:
     assert record.completion_tokens == 8
     assert record.t_first_token is None
     assert record.spec == {"draft_n": 28, "draft_n_accepted": 0}
+    # the server's own time: timings.prompt_ms + predicted_ms
+    assert record.server_e2e_latency == pytest.approx((8.469 + 6.939) / 1000)
     assert server.bodies[0]["cache_prompt"] is True
     assert server.bodies[0]["stream"] is False
     assert "stream_options" not in server.bodies[0]
@@ -350,6 +352,8 @@ def test_llamacpp_adapter_reads_a_plain_server_and_errors() -> None:
     adapter = LlamaCppCompletions(streaming=False)
     plain = llama_final(8, drafted=None, accepted=None)
     assert adapter.parse_final(plain).spec == {}
+    no_times = {**plain, "timings": {"predicted_n": 8}}
+    assert adapter.parse_final(no_times).server_e2e_latency is None
     error = {"error": {"code": 400, "message": "request (6001 tokens) exceeds the context"}}
     with pytest.raises(RequestError, match=r"error: request \(6001 tokens\) exceeds"):
         adapter.parse_final(error)
