@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +88,13 @@ class Project:
         return self.pytester.runpytest_subprocess(
             "-p", "no:cacheprovider", "-p", "no:randomly", *args, timeout=timeout
         )
+
+    def run_with_env(self, env: Mapping[str, str], *args: str) -> pytest.RunResult:
+        """``run`` with extra environment variables (the servers it starts inherit them)."""
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in env.items():
+                patch.setenv(name, value)
+            return self.run(*args)
 
     def baseline_files(self) -> list[Path]:
         return sorted((self.path / "baselines").rglob("*.json"))

@@ -32,13 +32,6 @@ def test_b():
 """
 
 
-def run_with_env(project: Project, env: dict[str, str], *args: str) -> pytest.RunResult:
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        return project.run(*args)
-
-
 def baseline(project: Project, test: str) -> Path:
     return project.path / "baselines" / "simulated" / "test_perf" / f"{test}.json"
 
@@ -80,7 +73,7 @@ def test_update_prints_old_to_new_with_the_change(quiet_project: Project) -> Non
     assert before["simulated"] is True
 
     # The same configuration, 30% slower (a slower build): recorded over the old baseline.
-    second = run_with_env(quiet_project, {"SPECDECODE_SIM_SLOWDOWN": "1.3"}, *RECORD)
+    second = quiet_project.run_with_env({"SPECDECODE_SIM_SLOWDOWN": "1.3"}, *RECORD)
     second.assert_outcomes(passed=2)
     out = second.stdout.str()
     assert f"  updated baseline: {path}\n" in out
@@ -114,7 +107,7 @@ def test_a_noisy_baseline_is_refused_unless_forced(quiet_project: Project) -> No
     quiet = path.read_bytes()
     noisy = {"SPECDECODE_SIM_NOISE_CV": "0.5"}
 
-    refused = run_with_env(quiet_project, noisy, *RECORD)
+    refused = quiet_project.run_with_env(noisy, *RECORD)
     refused.assert_outcomes(failed=1)
     text = section(refused, "test_a")
     assert re.search(
@@ -126,7 +119,7 @@ def test_a_noisy_baseline_is_refused_unless_forced(quiet_project: Project) -> No
     assert "baselines updated" not in refused.stdout.str()
     assert path.read_bytes() == quiet  # the old baseline is left alone
 
-    forced = run_with_env(quiet_project, noisy, *RECORD, "--specdecode-force-baseline")
+    forced = quiet_project.run_with_env(noisy, *RECORD, "--specdecode-force-baseline")
     forced.assert_outcomes(passed=1)
     match = re.search(r"  tok_s .* tok/s \([+-]\d+\.\d%\), n=6, CV (\d+\.\d)%", forced.stdout.str())
     assert match, forced.stdout.str()

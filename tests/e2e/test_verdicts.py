@@ -42,14 +42,6 @@ def test_unrelated():
 """
 
 
-def run_with_env(project: Project, env: dict[str, str], *args: str) -> pytest.RunResult:
-    """``project.run`` with extra environment variables (the servers it starts inherit them)."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        return project.run(*args)
-
-
 def table(result: pytest.RunResult) -> dict[str, dict[str, str]]:
     """The end-of-session table, one dict per test (keyed by the table's column names)."""
     lines = result.stdout.lines
@@ -112,7 +104,7 @@ def test_a_6_percent_slowdown_fails_exactly_the_affected_test(quiet_project: Pro
     quiet_project.run(*RECORD).assert_outcomes(passed=4)
 
     more = ("--specdecode-runs", "4", "--specdecode-max-runs", "10")
-    slow = run_with_env(quiet_project, {"SPECDECODE_SIM_SLOWDOWN": "1.06"}, *more)
+    slow = quiet_project.run_with_env({"SPECDECODE_SIM_SLOWDOWN": "1.06"}, *more)
     # Only the test whose margin the regression exceeds fails; the session goes on.
     slow.assert_outcomes(failed=1, passed=3)
     slow.stdout.fnmatch_lines(["FAILED test_perf.py::test_nospec_throughput - *"])
@@ -144,7 +136,7 @@ def test_lower_acceptance_fails_accept_length_only(quiet_project: Project) -> No
     quiet_project.tests(SUITE)
     quiet_project.run(*RECORD).assert_outcomes(passed=4)
 
-    broken_draft = run_with_env(quiet_project, {"SPECDECODE_SIM_ACCEPT_SCALE": "0.5"}, *CHECK)
+    broken_draft = quiet_project.run_with_env({"SPECDECODE_SIM_ACCEPT_SCALE": "0.5"}, *CHECK)
     broken_draft.assert_outcomes(failed=1, passed=3)  # the non-speculative tests are unaffected
     rows = table(broken_draft)
     assert rows["test_eagle3_acceptance"]["verdict"] == "FAIL"
@@ -173,8 +165,7 @@ def test_heavy_noise_is_inconclusive_after_more_runs(quiet_project: Project) -> 
     )
     quiet_project.run(*RECORD).assert_outcomes(passed=1)
 
-    noisy = run_with_env(
-        quiet_project,
+    noisy = quiet_project.run_with_env(
         {"SPECDECODE_SIM_NOISE_CV": "0.3"},
         "--specdecode-runs", "3", "--specdecode-max-runs", "6", "-rx",
     )  # fmt: skip
@@ -223,7 +214,7 @@ def test_inconclusive_policies_from_flag_and_marker(quiet_project: Project) -> N
     noise = {"SPECDECODE_SIM_NOISE_CV": "0.4"}
     few = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
 
-    default = run_with_env(quiet_project, noise, *few)
+    default = quiet_project.run_with_env(noise, *few)
     assert {row["verdict"] for row in table(default).values()} == {"INCONCLUSIVE"}
     default.assert_outcomes(xfailed=2, failed=1, passed=1, warnings=1)
     default.stdout.fnmatch_lines(["FAILED test_perf.py::test_marker_fail - *"])
@@ -231,10 +222,10 @@ def test_inconclusive_policies_from_flag_and_marker(quiet_project: Project) -> N
     assert text.startswith("nospec: output tok/s vs its own baseline: INCONCLUSIVE."), text
     assert "SpecdecodeWarning: inconclusive, passed by policy: nospec:" in default.stdout.str()
 
-    warn = run_with_env(quiet_project, noise, *few, "--specdecode-on-inconclusive", "warn")
+    warn = quiet_project.run_with_env(noise, *few, "--specdecode-on-inconclusive", "warn")
     warn.assert_outcomes(passed=2, failed=1, xfailed=1, warnings=2)
 
-    fail = run_with_env(quiet_project, noise, *few, "--specdecode-on-inconclusive", "fail")
+    fail = quiet_project.run_with_env(noise, *few, "--specdecode-on-inconclusive", "fail")
     fail.assert_outcomes(failed=2, passed=1, xfailed=1)
     fail.stdout.fnmatch_lines(["FAILED test_perf.py::test_by_flag - *"])
     assert "vs its own baseline: INCONCLUSIVE." in failure_text(fail, "test_by_flag")
@@ -314,7 +305,7 @@ def test_lower_is_better_metrics_flip_the_ratio(quiet_project: Project) -> None:
 
     # 30% slower: TPOT grows, so baseline/current is about 0.77. Unflipped (current/baseline
     # about 1.3) the tight test would pass and the "faster" test too.
-    slower = run_with_env(quiet_project, {"SPECDECODE_SIM_SLOWDOWN": "1.3"}, *CHECK)
+    slower = quiet_project.run_with_env({"SPECDECODE_SIM_SLOWDOWN": "1.3"}, *CHECK)
     slower.assert_outcomes(failed=2, passed=1)
     rows = table(slower)
     assert rows["test_latency_loose"]["verdict"] == "PASS"
@@ -329,5 +320,5 @@ def test_lower_is_better_metrics_flip_the_ratio(quiet_project: Project) -> None:
     assert 0.6 < float(match[3]) < 0.9
 
     # 30% faster: TPOT shrinks, baseline/current is about 1.4, so "+20% better" holds.
-    faster = run_with_env(quiet_project, {"SPECDECODE_SIM_SLOWDOWN": "0.7"}, *CHECK)
+    faster = quiet_project.run_with_env({"SPECDECODE_SIM_SLOWDOWN": "0.7"}, *CHECK)
     faster.assert_outcomes(passed=3)
