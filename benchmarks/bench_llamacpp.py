@@ -1,7 +1,7 @@
 """The plugin's measurement on a real engine: llama.cpp's llama-server (prints figures; not a test).
 
 For each configuration it starts ``llama-server`` the way the plugin does (a ``launcher =
-"llamacpp"`` profile, :func:`~pytest_specdecode.launch.factory.make_launcher`, readiness on
+"llamacpp"`` profile, :func:`~pytest_specdecode.servers.factory.make_launcher`, readiness on
 ``/health``) with the tiny GGUF models that ``tests/llamacpp/tinymodels.py`` generates, and
 measures with the plugin's own client, backend and metrics. It prints, per configuration:
 
@@ -39,11 +39,11 @@ from tabulate import tabulate
 
 from pytest_specdecode.backends import backend_for
 from pytest_specdecode.client import MeasurementClient
-from pytest_specdecode.launch.base import find_free_port
-from pytest_specdecode.launch.factory import make_launcher
 from pytest_specdecode.metrics import compute_run_metrics
 from pytest_specdecode.profiles import ServerProfile, load_profiles
-from pytest_specdecode.readiness import wait_until_ready
+from pytest_specdecode.servers.factory import make_launcher
+from pytest_specdecode.servers.launcher import find_free_port
+from pytest_specdecode.servers.readiness import wait_until_ready
 from pytest_specdecode.workloads import Workload, resolve_workload
 
 REPO = Path(__file__).resolve().parents[1]

@@ -47,9 +47,10 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from pytest_specdecode.client import MeasurementClient, RunRecord
+from pytest_specdecode.client import MeasurementClient
 from pytest_specdecode.metrics import compute_run_metrics
-from pytest_specdecode.readiness import wait_until_ready
+from pytest_specdecode.records import RunRecord
+from pytest_specdecode.servers.readiness import wait_until_ready
 from pytest_specdecode.workloads import Workload, resolve_workload
 
 NCCL_TUNED = {

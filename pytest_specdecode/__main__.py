@@ -20,8 +20,8 @@ from typing import TextIO
 
 from pytest_specdecode import __version__
 from pytest_specdecode.errors import SpecdecodeError
-from pytest_specdecode.history import HistoryError, read_history
-from pytest_specdecode.trend import format_table, select, trend
+from pytest_specdecode.outputs.history import HistoryError, read_history
+from pytest_specdecode.outputs.trend import format_table, select, trend
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -124,7 +124,7 @@ def run_report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for line in format_table(table):
         print(line, file=out)
     if args.png is not None:
-        from pytest_specdecode.trend_plot import plot_trend
+        from pytest_specdecode.outputs.trend_plot import plot_trend
 
         if table.rows:
             path = plot_trend(chosen, args.png, size=args.size, persist=args.persist)

@@ -38,13 +38,27 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_specdecode.adapters import LlamaCppCompletions, ProtocolAdapter, adapter_for, excerpt
 from pytest_specdecode.errors import ConfigError, RequestError
-from pytest_specdecode.llamacpp import LAUNCHER as LLAMACPP
-from pytest_specdecode.profiles import ArgMismatch, ServerProfile, compare_server_args
-from pytest_specdecode.readiness import SGLANG_PHASES
+from pytest_specdecode.profiles.llamacpp import LAUNCHER as LLAMACPP
+from pytest_specdecode.profiles.profile import ArgMismatch, ServerProfile, compare_server_args
 from pytest_specdecode.workloads import APIS, Workload
 
 if TYPE_CHECKING:
-    from pytest_specdecode.client import MeasurementClient, RunRecord
+    from pytest_specdecode.client import MeasurementClient
+    from pytest_specdecode.records import RunRecord
+
+# (substring of a log line, the phase it starts), in the order SGLang prints them
+# (sglang-api.md §4 "Startup" and §1.1). The last match wins, so the order only documents.
+SGLANG_PHASES: tuple[tuple[str, str], ...] = (
+    ("Load weight begin", "loading weights"),
+    ("Load weight end", "allocating the KV cache"),
+    ("Capture cuda graph begin", "capturing CUDA graphs"),
+    ("Capture draft cuda graph begin", "capturing draft CUDA graphs"),
+    ("Capture draft cuda graph end", "capturing CUDA graphs"),
+    ("Capture cuda graph end", "starting the HTTP server"),
+    ("Uvicorn running on", "warming up"),
+    ("ready to roll", "ready"),
+    ("Initialization failed", "failed"),
+)
 
 LLAMACPP_PHASES: tuple[tuple[str, str], ...] = (
     ("load_model: loading model", "loading the model"),

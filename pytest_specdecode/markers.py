@@ -22,6 +22,7 @@ from typing import Any
 
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.settings import INCONCLUSIVE_POLICIES, METHODS, MISSING_BASELINE_POLICIES
+from pytest_specdecode.verdict import Threshold
 
 METRIC_KEYS = ("tok_s", "decode_tok_s", "accept_length", "ttft", "tpot", "itl_p50", "itl_p99")
 OPTION_KEYS = (
@@ -46,20 +47,6 @@ MARKER_HELP = (
     "(+0.05 = must beat the baseline by 5%, -0.03 = may be at most 3% worse); "
     "against={'PROFILE': {'tok_s': 0.05}} compares with another profile's stored baseline."
 )
-
-
-@dataclass(frozen=True)
-class Threshold:
-    """One demand: ``metric`` against the baseline of ``reference`` (None = the test's own)."""
-
-    metric: str
-    margin: float
-    reference: str | None = None
-
-    def describe(self) -> str:
-        what = "its own baseline" if self.reference is None else f"{self.reference}'s baseline"
-        sign = "+" if self.margin >= 0 else "-"
-        return f"{self.metric} {sign}{abs(self.margin) * 100:g}% vs {what}"
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ from types import MappingProxyType
 
 import numpy as np
 
-from pytest_specdecode.client import RequestRecord, RunRecord
 from pytest_specdecode.errors import RequestError
+from pytest_specdecode.records import RequestRecord, RunRecord
 
 
 @dataclass(frozen=True)

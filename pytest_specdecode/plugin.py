@@ -22,26 +22,22 @@ from typing import Any, NoReturn
 
 import pytest
 
-from pytest_specdecode import benchmark_bridge, report
 from pytest_specdecode.errors import ConfigError, SpecdecodeError
 from pytest_specdecode.markers import MARKER_HELP, MarkerSpec, parse_marker
-from pytest_specdecode.outputs import write_outputs
-from pytest_specdecode.pool import ServerCounts, ServerHandle, finish_run
-from pytest_specdecode.profiles import ALGORITHM_MARKERS
-from pytest_specdecode.readiness import Progress
-from pytest_specdecode.reports import junit_properties, make_session_info
-from pytest_specdecode.session import SpecdecodeSession, SpecdecodeTest, TestResult
+from pytest_specdecode.outputs import benchmark, terminal
+from pytest_specdecode.outputs.json_report import junit_properties, make_session_info
+from pytest_specdecode.outputs.write import write_outputs
+from pytest_specdecode.profiles.profile import ALGORITHM_MARKERS
+from pytest_specdecode.result import SpecdecodeResult
+from pytest_specdecode.servers.pool import ServerCounts, ServerHandle, finish_run
+from pytest_specdecode.servers.readiness import Progress
+from pytest_specdecode.session import SpecdecodeSession, SpecdecodeTest
 from pytest_specdecode.settings import OPTIONS, Settings, resolve
 from pytest_specdecode.verdict import Outcome
 
 SESSION_KEY = pytest.StashKey[SpecdecodeSession]()
 SPEC_KEY = pytest.StashKey[MarkerSpec]()
 TEST_KEY = pytest.StashKey[SpecdecodeTest]()
-RESULTS_KEY = pytest.StashKey[list[TestResult]]()
-UPDATES_KEY = pytest.StashKey[list[str]]()
-SERVERS_KEY = pytest.StashKey[ServerCounts]()
-STARTED_KEY = pytest.StashKey[datetime]()
-OUTPUTS_KEY = pytest.StashKey[list[str]]()
 NODEID_KEY = pytest.StashKey[str]()  # the test id before xdist's loadgroup adds "@group"
 NEXT_SERVER_KEY = pytest.StashKey[str | None]()  # the profile this process's next test needs
 
@@ -126,11 +122,6 @@ def pytest_configure(config: pytest.Config) -> None:
         progress=_ProgressLine(config),
     )
     config.stash[SESSION_KEY] = session
-    config.stash[RESULTS_KEY] = []
-    config.stash[STARTED_KEY] = datetime.now(timezone.utc)
-    config.stash[OUTPUTS_KEY] = []
-    config.stash[UPDATES_KEY] = []
-    config.stash[SERVERS_KEY] = ServerCounts()
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(session), "specdecode-xdist")
     _terminate_gracefully()
@@ -237,6 +228,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         lines.append(f"specdecode: measuring the server at {settings.server_host} (attached)")
     if settings.update_baselines:
         lines.append("specdecode: --update-baselines: measured runs become the new baselines")
+    lines.extend(f"specdecode: warning: {warning}" for warning in session.warnings)
     return lines
 
 
@@ -391,15 +383,14 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     return result
 
 
-def _record(config: pytest.Config, result: TestResult) -> None:
-    """Keep a result for the summary and outputs, and hand it to pytest-benchmark's JSON."""
-    config.stash[RESULTS_KEY].append(result)
+def _record(config: pytest.Config, result: SpecdecodeResult) -> None:
+    """Hand a result (kept by the session for the summary and outputs) to pytest-benchmark."""
     benchmark_session = getattr(config, "_benchmarksession", None)
-    if benchmark_session is not None and benchmark_bridge.wants_export(benchmark_session):
-        benchmark_bridge.add_result(benchmark_session, result)
+    if benchmark_session is not None and benchmark.wants_export(benchmark_session):
+        benchmark.add_result(benchmark_session, result)
 
 
-def _apply_outcome(item: pytest.Item, test: SpecdecodeTest, result: TestResult) -> None:
+def _apply_outcome(item: pytest.Item, test: SpecdecodeTest, result: SpecdecodeResult) -> None:
     settings = _session(item.config).settings
     outcome = result.outcome
     text = f"{result.profile}: {result.message}"
@@ -442,18 +433,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     try:
         if sd.is_xdist_worker:
             workeroutput: dict[str, Any] = getattr(config, "workeroutput", {})
-            workeroutput["specdecode_results"] = [r.to_json() for r in config.stash[RESULTS_KEY]]
+            workeroutput["specdecode_results"] = [r.to_json() for r in sd.results]
             return
         if sd.settings.update_baselines:
-            updates, errors = sd.write_baselines(config.stash[RESULTS_KEY])
+            updates, errors = sd.write_baselines(sd.results)
             for update in updates:
-                config.stash[UPDATES_KEY].extend(update.describe())
+                sd.updates.extend(update.describe())
             if errors:
-                config.stash[UPDATES_KEY].extend(f"ERROR: {error}" for error in errors)
+                sd.updates.extend(f"ERROR: {error}" for error in errors)
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
         _write_outputs(session, sd)
     except SpecdecodeError as exc:
-        config.stash[UPDATES_KEY].append(f"ERROR: {exc}")
+        sd.updates.append(f"ERROR: {exc}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     finally:
         sd.close()
@@ -461,7 +452,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             workeroutput = getattr(config, "workeroutput", {})
             workeroutput["specdecode_servers"] = sd.pool.counts.to_json()
         else:
-            config.stash[SERVERS_KEY].add(sd.pool.counts)
+            sd.servers.add(sd.pool.counts)
         # The xdist controller (DSession) stops what its workers started; without -n, sd.close()
         # above already did.
         if config.pluginmanager.hasplugin("dsession") and not sd.is_xdist_worker:
@@ -471,44 +462,44 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
                 keep_alive=sd.settings.keep_server,
                 on_event=lambda message: _say(config, f"specdecode: {message}"),
             )
-            config.stash[SERVERS_KEY].add(stopped)
+            sd.servers.add(stopped)
 
 
 def _write_outputs(session: pytest.Session, sd: SpecdecodeSession) -> None:
     """The JSON report, history line and Markdown summary (controller or single process)."""
     config = session.config
-    results = config.stash[RESULTS_KEY]
+    results = sd.results
     info = make_session_info(
-        started=config.stash[STARTED_KEY],
+        started=sd.started,
         finished=datetime.now(timezone.utc),
         target=sd.target_if_loaded,
         pytest_args=[str(arg) for arg in config.invocation_params.args],
         exit_status=int(session.exitstatus),
         run_id=sd.run_id,
         hardware_keys=[r.hardware_key for r in results],
+        warnings=sd.warnings,
     )
     written, errors = write_outputs(
         results, settings=sd.settings, session_info=info, env=os.environ
     )
-    config.stash[OUTPUTS_KEY].extend(written)
+    sd.output_lines.extend(written)
     if errors:
-        config.stash[OUTPUTS_KEY].extend(f"ERROR: {error}" for error in errors)
+        sd.output_lines.extend(f"ERROR: {error}" for error in errors)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    if _session(config).is_xdist_worker:
+    sd = _session(config)
+    if sd.is_xdist_worker:
         return
-    results = config.stash[RESULTS_KEY]
-    updates = config.stash[UPDATES_KEY]
-    servers = config.stash[SERVERS_KEY].describe()
-    outputs = config.stash[OUTPUTS_KEY]
-    if not results and not updates and not servers and not outputs:
+    results, updates, outputs = sd.results, sd.updates, sd.output_lines
+    servers = sd.servers.describe()
+    if not results and not updates and not servers and not outputs and not sd.warnings:
         return
     terminalreporter.section("specdecode")
-    for line in report.results_table(results):
+    for line in terminal.results_table(results):
         terminalreporter.write_line(line)
-    detail = report.details(results)
+    detail = terminal.details(results)
     if detail:
         terminalreporter.write_line("")
         for line in detail:
@@ -524,6 +515,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(f"servers: {servers}")
     for line in outputs:
         terminalreporter.write_line(line)
+    for warning in sd.warnings:
+        terminalreporter.write_line(f"warning: {warning}")
 
 
 class _XdistHooks:
@@ -541,8 +534,10 @@ class _XdistHooks:
         output = getattr(node, "workeroutput", {}) or {}
         config = node.config
         for data in output.get("specdecode_results", []):
-            _record(config, TestResult.from_json(data))
-        config.stash[SERVERS_KEY].add(ServerCounts.from_json(output.get("specdecode_servers", {})))
+            result = SpecdecodeResult.from_json(data)
+            self._session.results.append(result)
+            _record(config, result)
+        self._session.servers.add(ServerCounts.from_json(output.get("specdecode_servers", {})))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:

@@ -3,7 +3,7 @@ test is measured and judged, what is recorded.
 
 The plugin (pytest wiring) creates one :class:`SpecdecodeSession` per process and calls it; this
 module never imports pytest. The data path of :meth:`SpecdecodeSession.measure` reads straight:
-server → client → metrics → stats against baselines → verdict → :class:`TestResult`. What
+server → client → metrics → stats against baselines → verdict → :class:`SpecdecodeResult`. What
 differs between SGLang and llama.cpp servers is asked of the profile's
 :class:`~pytest_specdecode.backends.Backend` (server info and checks, the protocol adapter, what
 happens around each run), never decided here.
@@ -11,18 +11,23 @@ happens around each run), never decided here.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pytest_specdecode.backends import Backend, backend_for
-from pytest_specdecode.baseline_record import BaselineRecord, check_fingerprint
-from pytest_specdecode.baselines import BaselineStore, BaselineUpdate
+from pytest_specdecode.baselines.record import BaselineRecord
+from pytest_specdecode.baselines.refs import OWN, BaselineLookup
+from pytest_specdecode.baselines.store import (
+    NOISE_HINT,
+    BaselineStore,
+    BaselineUpdate,
+    noise_problem,
+)
 from pytest_specdecode.client import MeasurementClient
 from pytest_specdecode.errors import (
     BaselineError,
@@ -31,87 +36,20 @@ from pytest_specdecode.errors import (
     ServerCrashedError,
     ServerMismatchError,
 )
-from pytest_specdecode.fingerprint import Fingerprint
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.metrics import compute_run_metrics
-from pytest_specdecode.pool import ServerHandle, ServerPool
-from pytest_specdecode.profiles import ProfileFile, ServerProfile, load_profiles
+from pytest_specdecode.profiles.loader import load_profiles
+from pytest_specdecode.profiles.profile import ProfileFile, ServerProfile
 from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpus, hardware_key
-from pytest_specdecode.readiness import Progress, wait_until_ready
+from pytest_specdecode.result import SpecdecodeResult, check_json
 from pytest_specdecode.sequential import SequentialPlan
+from pytest_specdecode.servers.pool import ServerCounts, ServerHandle, ServerPool
+from pytest_specdecode.servers.readiness import Progress, wait_until_ready
 from pytest_specdecode.settings import Settings
-from pytest_specdecode.verdict import BaselineRef, Check, Outcome, evaluate, message, outcome_of
+from pytest_specdecode.verdict import Check, Outcome, evaluate, message, outcome_of
 from pytest_specdecode.workloads import Workload, resolve_workload
 
 SGLANG_DEFAULT_PORT = 30000
-
-
-@dataclass
-class TestResult:
-    """Everything one measured test produced, JSON-serialisable (xdist workers send it up)."""
-
-    test_id: str
-    profile: str
-    simulated: bool
-    hardware_key: str
-    workload_name: str
-    workload_hash: str
-    fingerprint: Fingerprint
-    samples: dict[str, list[float]]
-    outcome: Outcome
-    message: str
-    checks: list[dict[str, Any]] = field(default_factory=list)
-    server_origin: str = "launched"
-    server_version: str | None = None
-    warnings: list[str] = field(default_factory=list)
-    provenance: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def runs(self) -> int:
-        return len(self.samples.get("tok_s", []))
-
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["fingerprint"] = self.fingerprint.to_json()
-        data["outcome"] = self.outcome.value
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> TestResult:
-        values = dict(data)
-        values["fingerprint"] = Fingerprint.from_json(values["fingerprint"])
-        values["outcome"] = Outcome(values["outcome"])
-        return cls(**values)
-
-
-def _check_json(check: Check) -> dict[str, Any]:
-    c = check.comparison
-    out: dict[str, Any] = {
-        "metric": check.threshold.metric,
-        "margin": check.threshold.margin,
-        "reference": check.threshold.reference,
-        "baseline_path": check.ref.path,
-        "problem": check.problem,
-        "verdict": c.verdict.value if c else None,
-    }
-    if c is not None:
-        out.update(
-            ratio=c.ratio,
-            ci_low=c.ci_low,
-            ci_high=c.ci_high,
-            p_pass=c.p_pass,
-            p_fail=c.p_fail,
-            mde=c.mde,
-            method=c.method,
-            alpha=c.alpha,
-            n_current=c.current.n,
-            n_baseline=c.baseline.n,
-            baseline_mean=c.baseline.mean,
-            baseline_std=c.baseline.std,
-            current_mean=c.current.mean,
-            warnings=list(c.warnings),
-        )
-    return out
 
 
 class SpecdecodeSession:
@@ -136,8 +74,18 @@ class SpecdecodeSession:
         self.rootdir = rootdir
         self.env = dict(os.environ if env is None else env)
         self.emit = emit
-        self.results: list[TestResult] = []
+        self.started = datetime.now(timezone.utc)
+        self.results: list[SpecdecodeResult] = []
+        """Every measured result of this process (and, on the xdist controller, its workers')."""
         self.warnings: list[str] = []
+        """Session-wide warnings (the profile file's), shown in the header, the summary and the
+        report; a test's own warnings travel with its result."""
+        self.updates: list[str] = []
+        """Lines of the baseline updates (old -> new) and of the errors that stopped one."""
+        self.output_lines: list[str] = []
+        """What the outputs wrote where, and what could not be written."""
+        self.servers = ServerCounts()
+        """What happened to each profile's server, added up over the workers."""
         self._profiles: ProfileFile | None = None
         self._target: str | None = None
         self._target_reason = ""
@@ -281,7 +229,7 @@ class SpecdecodeSession:
             override = f"host-{host}"
         return hardware_key(self.gpus, simulated=simulated, override=override)
 
-    def measure(self, test_id: str, spec: MarkerSpec, handle: ServerHandle) -> TestResult:
+    def measure(self, test_id: str, spec: MarkerSpec, handle: ServerHandle) -> SpecdecodeResult:
         """Warm up, run, compare (adding runs while inconclusive), and judge one test."""
         profile = handle.profile
         workload = self.workload(spec.workload, where=test_id)
@@ -303,8 +251,14 @@ class SpecdecodeSession:
             fingerprint = profile.fingerprint().with_soft(
                 server_version=str(version) if version is not None else None
             )
-            refs = self._baseline_refs(test_id, spec, profile, workload, hw, fingerprint, warnings)
-            own = refs[None].samples
+            lookup = BaselineLookup(self.store, hw, workload.name, workload.content_hash())
+            others = {
+                name: self.profile(name, where=f"{test_id} (against=)").fingerprint()
+                for name in spec.references
+            }
+            refs, soft = lookup.resolve(test_id, fingerprint, others)
+            warnings.extend(soft)
+            own = refs[OWN].samples
             if own and own.get("tok_s"):
                 # The per-look alphas are calibrated for the stored baseline's size.
                 plan = plan.for_baseline(len(own["tok_s"]))
@@ -345,7 +299,7 @@ class SpecdecodeSession:
         else:
             outcome = outcome_of(checks)
             text = message(checks, outcome)
-        result = TestResult(
+        result = SpecdecodeResult(
             test_id=test_id,
             profile=profile.name,
             simulated=simulated,
@@ -356,7 +310,7 @@ class SpecdecodeSession:
             samples=samples,
             outcome=outcome,
             message=text,
-            checks=[_check_json(c) for c in checks],
+            checks=[check_json(c) for c in checks],
             server_origin=handle.origin,
             server_version=str(version) if version is not None else None,
             warnings=warnings,
@@ -411,98 +365,13 @@ class SpecdecodeSession:
             warnings.append(text)
         return warnings
 
-    def _baseline_refs(
-        self,
-        test_id: str,
-        spec: MarkerSpec,
-        profile: ServerProfile,
-        workload: Workload,
-        hw: str,
-        fingerprint: Fingerprint,
-        warnings: list[str],
-    ) -> dict[str | None, BaselineRef]:
-        refs: dict[str | None, BaselineRef] = {}
-        wl_hash = workload.content_hash()
-        path = str(self.store.path_for(hw, test_id))
-        try:
-            own = self.store.load(hw, test_id)
-        except BaselineError as exc:
-            refs[None] = BaselineRef("its own baseline", None, path, str(exc), mismatch=True)
-            own = None
-        if None not in refs:
-            refs[None] = self._ref_from(
-                own,
-                "its own baseline",
-                path,
-                fingerprint,
-                wl_hash,
-                warnings,
-                missing=f"no baseline for {test_id} on hardware {hw!r} (expected at {path}); "
-                "record one with --update-baselines",
-            )
-        for name in spec.references:
-            other = self.profile(name, where=f"{test_id} (against=)")
-            found = self.store.find_for_profile(hw, name, wl_hash)
-            found.sort(key=lambda r: r.created_unix)
-            record = found[-1] if found else None
-            ref_path = str(self.store.path_for(hw, record.test_id)) if record else None
-            refs[name] = self._ref_from(
-                record,
-                f"{name}'s baseline",
-                ref_path,
-                other.fingerprint(),
-                wl_hash,
-                warnings,
-                missing=f"no stored baseline of profile {name!r} on hardware {hw!r} for workload "
-                f"{workload.name!r} (hash {wl_hash}); run that profile's test with "
-                "--update-baselines first",
-            )
-        return refs
-
-    def _ref_from(
-        self,
-        record: BaselineRecord | None,
-        label: str,
-        path: str | None,
-        fingerprint: Fingerprint,
-        workload_hash: str,
-        warnings: list[str],
-        *,
-        missing: str,
-    ) -> BaselineRef:
-        if record is None:
-            return BaselineRef(label, None, path, missing)
-        check = check_fingerprint(record, fingerprint)
-        if check.hard:
-            return BaselineRef(label, None, path, check.error_message(path or ""), mismatch=True)
-        if record.workload_hash != workload_hash:
-            return BaselineRef(
-                label,
-                None,
-                path,
-                f"{path}: recorded with workload hash {record.workload_hash}, this run's workload "
-                f"hashes to {workload_hash}: the prompts, output length, concurrency or API "
-                "changed, so the runs are not comparable; re-record with --update-baselines",
-                mismatch=True,
-            )
-        if check.soft:
-            warnings.append(check.warning_message())
-        return BaselineRef(label, record.samples, path)
-
     def _recording_outcome(self, samples: Mapping[str, list[float]]) -> tuple[Outcome, str]:
-        values = samples.get("tok_s", [])
-        if len(values) >= 2 and not self.settings.force_baseline:
-            mean = sum(values) / len(values)
-            sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-            cv = sd / mean if mean else 0.0
-            if cv > self.settings.max_baseline_cv:
-                return Outcome.FAIL, (
-                    f"refusing to record a baseline: tok_s varied with CV {cv:.1%} over "
-                    f"{len(values)} runs, above the limit {self.settings.max_baseline_cv:.1%} "
-                    "(--specdecode-max-baseline-cv). Quiet the machine and rerun, or record it "
-                    "anyway with --specdecode-force-baseline"
-                )
-        return Outcome.RECORDED, f"recorded {len(values)} runs"
+        runs = len(samples.get("tok_s", []))
+        if not self.settings.force_baseline:
+            problem = noise_problem(samples, self.settings.max_baseline_cv)
+            if problem is not None:
+                return Outcome.FAIL, f"refusing to record a baseline: {problem} {NOISE_HINT}"
+        return Outcome.RECORDED, f"recorded {runs} runs"
 
     def _explain_failure(self, exc: RequestError, handle: ServerHandle, when: str) -> Exception:
         """A failed request: if the server died, say so with its exit code and log tail."""
@@ -525,7 +394,9 @@ class SpecdecodeSession:
 
     # -- end of session ------------------------------------------------------------------
 
-    def write_baselines(self, results: list[TestResult]) -> tuple[list[BaselineUpdate], list[str]]:
+    def write_baselines(
+        self, results: list[SpecdecodeResult]
+    ) -> tuple[list[BaselineUpdate], list[str]]:
         """Record every RECORDED result (the xdist controller or a plain session only).
 
         A baseline that cannot be written (refused, locked, a file system error) does not keep
@@ -599,13 +470,13 @@ class SpecdecodeTest:
         self.test_id = test_id
         self.spec = spec
         self.server = server
-        self.result: TestResult | None = None
+        self.result: SpecdecodeResult | None = None
 
     @property
     def profile(self) -> ServerProfile:
         return self.server.profile
 
-    def measure(self) -> TestResult:
+    def measure(self) -> SpecdecodeResult:
         """Measure (once) and return the result with samples, checks and outcome."""
         if self.result is None:
             self.result = self._session.measure(self.test_id, self.spec, self.server)

@@ -89,6 +89,7 @@ __all__ = [
     "check_alpha",
     "check_margin",
     "compare",
+    "describe",
     "min_detectable_effect",
     "required_runs",
     "summarize",
@@ -125,32 +126,62 @@ _CODE_TO_VERDICT = {1: Verdict.PASS, -1: Verdict.FAIL, 0: Verdict.INCONCLUSIVE}
 
 @dataclass(frozen=True)
 class SampleSummary:
-    """Summary of one side's per-run values. With n == 1, std and cv are 0.0 (not measurable)."""
+    """One metric's per-run values, described once for every consumer (verdicts, baselines,
+    reports, the terminal table).
+
+    With a single run, ``std``, ``cv`` and the interval are ``None``: reporting 0 would claim a
+    noise level nobody measured. Runs that are all equal (a deterministic accept length) have
+    ``std`` and ``cv`` exactly 0 and a zero-width interval. ``cv`` is also ``None`` for a mean of
+    0. The interval is the two-sided t interval of the mean at ``confidence``.
+    """
 
     n: int
     mean: float
-    std: float
-    cv: float
+    std: float | None
+    cv: float | None
+    ci_low: float | None
+    ci_high: float | None
     median: float
     min: float
     max: float
 
+    def cv_text(self) -> str:
+        """The CV as a percentage, or ``n/a`` where it is not measured."""
+        return "n/a" if self.cv is None else f"{self.cv:.1%}"
 
-def summarize(samples: Sequence[float]) -> SampleSummary:
-    """Summarize per-run values (at least one, each finite and > 0)."""
-    values = _positive_values(samples, "samples")
+
+def describe(samples: Sequence[float], confidence: float = 0.95) -> SampleSummary:
+    """n, mean, std (ddof=1), CV, t interval of the mean, median, min and max of per-run values
+    (at least one, each finite); see :class:`SampleSummary` for one run and constant runs."""
+    values = np.asarray(samples, dtype=np.float64)
+    if values.size == 0 or not np.all(np.isfinite(values)):
+        raise StatsInputError(f"a summary needs at least one finite value, got {list(samples)!r}")
     constant = _is_constant(values)
     mean = float(values[0]) if constant else float(np.mean(values))
-    std = 0.0 if constant else float(np.std(values, ddof=1))
+    std: float | None = None
+    ci_low = ci_high = cv = None
+    if values.size >= 2:
+        std = 0.0 if constant else float(np.std(values, ddof=1))
+        half = float(stats.t.ppf(0.5 + confidence / 2, values.size - 1)) * std
+        half /= math.sqrt(values.size)
+        ci_low, ci_high = mean - half, mean + half
+        cv = std / abs(mean) if mean != 0 else None
     return SampleSummary(
         n=int(values.size),
         mean=mean,
         std=std,
-        cv=std / mean,
+        cv=cv,
+        ci_low=ci_low,
+        ci_high=ci_high,
         median=float(np.median(values)),
         min=float(values.min()),
         max=float(values.max()),
     )
+
+
+def summarize(samples: Sequence[float]) -> SampleSummary:
+    """:func:`describe` of the per-run values of one side of a comparison (each > 0)."""
+    return describe(_positive_values(samples, "samples").tolist())
 
 
 @dataclass(frozen=True)
@@ -186,17 +217,13 @@ class Comparison:
         mde = "undefined" if self.mde is None else f"{self.mde:.1%}"
         text = (
             f"n={cur.n} current vs n={base.n} baseline; mean {cur.mean:.4g} vs {base.mean:.4g} "
-            f"(CV {_cv_text(cur)} vs {_cv_text(base)}); ratio {scale} {self.ratio:.4f}, "
+            f"(CV {cur.cv_text()} vs {base.cv_text()}); ratio {scale} {self.ratio:.4f}, "
             f"CI [{self.ci_low:.4f}, {self.ci_high:.4f}] (two one-sided {1 - self.alpha:.1%} "
             f"bounds, {self.method}); margin {self.margin:+.1%} (threshold {self.threshold:.4f}); "
             f"p(pass)={self.p_pass:.3g}, p(fail)={self.p_fail:.3g}; MDE {mde}; "
             f"verdict {self.verdict.value.upper()}."
         )
         return " ".join([text, *(f"Warning: {warning}." for warning in self.warnings)])
-
-
-def _cv_text(summary: SampleSummary) -> str:
-    return "n/a" if summary.n == 1 else f"{summary.cv:.1%}"
 
 
 @dataclass(frozen=True)

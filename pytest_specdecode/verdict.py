@@ -1,8 +1,9 @@
 """From a test's thresholds, its measured samples and the baselines to one outcome and message.
 
-Each :class:`~pytest_specdecode.markers.Threshold` becomes a :class:`Check`: a statistical
-comparison (:mod:`pytest_specdecode.stats`) when a comparable baseline exists, or the reason it
-cannot be compared (no baseline, a hard fingerprint mismatch, a metric the run did not produce).
+Each :class:`Threshold` (a marker's demand, parsed in :mod:`pytest_specdecode.markers`) becomes
+a :class:`Check`: a statistical comparison (:mod:`pytest_specdecode.stats`) when a comparable
+baseline exists, or the reason it cannot be compared (no baseline, a hard fingerprint mismatch,
+a metric the run did not produce).
 The test's outcome is the worst of its checks, in this order: a mismatch (never compared
 silently), a FAIL, a missing baseline, INCONCLUSIVE, PASS.
 """
@@ -13,7 +14,6 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pytest_specdecode.markers import Threshold
 from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.stats import Comparison, Verdict, compare
 
@@ -26,6 +26,20 @@ class Outcome(str, enum.Enum):
     MISMATCH = "mismatch"
     RECORDED = "recorded"  # --update-baselines
     MEASURED = "measured"  # no thresholds: measured and reported only
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One demand: ``metric`` against the baseline of ``reference`` (None = the test's own)."""
+
+    metric: str
+    margin: float
+    reference: str | None = None
+
+    def describe(self) -> str:
+        what = "its own baseline" if self.reference is None else f"{self.reference}'s baseline"
+        sign = "+" if self.margin >= 0 else "-"
+        return f"{self.metric} {sign}{abs(self.margin) * 100:g}% vs {what}"
 
 
 @dataclass(frozen=True)

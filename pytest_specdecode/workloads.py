@@ -4,7 +4,7 @@ A workload is a prompt set plus the request shape (output length, temperature, `
 concurrency, requests per run, API) and the run protocol around it (warm-up requests, cache flush).
 
 Prompts are realistic text of several kinds, shipped as package data in
-``pytest_specdecode/workloads/<kind>.jsonl`` (one ``{"kind": ..., "text": ...}`` object per line).
+``pytest_specdecode/prompts/<kind>.jsonl`` (one ``{"kind": ..., "text": ...}`` object per line).
 Random token ids understate speculative acceptance (vLLM #52536), and acceptance differs a lot
 between code, maths, chat and summarisation, so the kind of text is part of what is measured.
 
@@ -214,7 +214,7 @@ def load_prompt_set(name: str) -> tuple[Prompt, ...]:
         return tuple(prompt for prompt in interleaved if prompt is not None)
     if name not in PROMPT_KINDS:
         raise ConfigError(f"unknown prompt set {name!r}; choose one of {', '.join(PROMPT_SETS)}")
-    resource = resources.files(__package__ or "pytest_specdecode") / "workloads" / f"{name}.jsonl"
+    resource = resources.files(__package__ or "pytest_specdecode") / "prompts" / f"{name}.jsonl"
     prompts = []
     for line_number, line in enumerate(resource.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():

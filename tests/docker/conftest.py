@@ -21,13 +21,13 @@ import docker.errors
 import pytest
 
 from pytest_specdecode.errors import ServerStartError
-from pytest_specdecode.launch.base import find_free_port
-from pytest_specdecode.launch.docker import (
+from pytest_specdecode.servers.docker import (
     LABEL_FINGERPRINT,
     LABEL_PROFILE,
     DockerLauncher,
     connect,
 )
+from pytest_specdecode.servers.launcher import find_free_port
 
 SIM_IMAGE = "pytest-specdecode-sim:local"
 PROVISION = "bash scripts/provision-docker.sh"

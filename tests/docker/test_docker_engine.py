@@ -20,8 +20,7 @@ import httpx
 import pytest
 
 from pytest_specdecode.errors import ServerStartError
-from pytest_specdecode.launch.base import find_free_port, port_in_use
-from pytest_specdecode.launch.docker import (
+from pytest_specdecode.servers.docker import (
     LABEL_FINGERPRINT,
     LABEL_MANAGED,
     LABEL_PROFILE,
@@ -30,7 +29,8 @@ from pytest_specdecode.launch.docker import (
     docker_server_alive,
     stop_docker_server,
 )
-from pytest_specdecode.readiness import LogTail, Progress, wait_until_ready
+from pytest_specdecode.servers.launcher import find_free_port, port_in_use
+from pytest_specdecode.servers.readiness import LogTail, Progress, wait_until_ready
 
 # The ``launch`` fixture (conftest.py): sim launchers on free ports, stopped after the test.
 LaunchFactory = Callable[..., DockerLauncher]

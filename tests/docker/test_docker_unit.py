@@ -13,8 +13,7 @@ import docker.types
 import pytest
 
 from pytest_specdecode.errors import ServerStartError
-from pytest_specdecode.launch.base import Launcher
-from pytest_specdecode.launch.docker import (
+from pytest_specdecode.servers.docker import (
     LABEL_FINGERPRINT,
     LABEL_MANAGED,
     LABEL_PROFILE,
@@ -27,6 +26,7 @@ from pytest_specdecode.launch.docker import (
     redact_argv,
     stop_docker_server,
 )
+from pytest_specdecode.servers.launcher import Launcher
 
 
 def make(tmp_path: Path, **overrides: object) -> DockerLauncher:
@@ -197,7 +197,7 @@ def test_recorded_identity_on_an_unreachable_engine(tmp_path: Path) -> None:
 
 def test_the_module_does_not_import_pytest() -> None:
     code = (
-        "import sys, pytest_specdecode.launch.docker; "
+        "import sys, pytest_specdecode.servers.docker; "
         "sys.exit('pytest' in sys.modules or '_pytest' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

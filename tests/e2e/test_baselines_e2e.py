@@ -111,9 +111,9 @@ def test_a_noisy_baseline_is_refused_unless_forced(quiet_project: Project) -> No
     refused.assert_outcomes(failed=1)
     text = section(refused, "test_a")
     assert re.search(
-        r"nospec: refusing to record a baseline: tok_s varied with CV (\d+\.\d)% over 6 runs, "
-        r"above the limit 8\.0% \(--specdecode-max-baseline-cv\)\. .*"
-        r"record it anyway with --specdecode-force-baseline",
+        r"nospec: refusing to record a baseline: tok_s has a CV of (\d+\.\d)% over 6 runs, "
+        r"above the limit of 8\.0% \(--specdecode-max-baseline-cv, .*\)\. .*"
+        r"To record it anyway, pass --specdecode-force-baseline",
         text,
     ), text
     assert "baselines updated" not in refused.stdout.str()

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pytest_specdecode.launch.base import find_free_port
-from pytest_specdecode.readiness import wait_until_ready
+from pytest_specdecode.servers.launcher import find_free_port
+from pytest_specdecode.servers.readiness import wait_until_ready
 
 FAST = '["--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1"]'
 RUNS = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")

@@ -29,9 +29,9 @@ import pytest
 from docker.models.containers import Container
 
 from pytest_specdecode.errors import ServerStartError
-from pytest_specdecode.launch.docker import LABEL_MANAGED, LABEL_PROFILE, connect
-from pytest_specdecode.pool import ServerPool
-from pytest_specdecode.profiles import DockerOptions, ServerProfile
+from pytest_specdecode.profiles.profile import DockerOptions, ServerProfile
+from pytest_specdecode.servers.docker import LABEL_MANAGED, LABEL_PROFILE, connect
+from pytest_specdecode.servers.pool import ServerPool
 
 SIM_IMAGE = "pytest-specdecode-sim:local"
 SHIM_IMAGE = "pytest-specdecode-sim-shim:e2e"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jsonschema
 
-from pytest_specdecode.reports import REPORT_SCHEMA_PATH
+from pytest_specdecode.outputs.json_report import REPORT_SCHEMA_PATH
 
 TESTS = """
 import pytest
@@ -134,3 +134,29 @@ def test_under_xdist_the_controller_writes_one_history_line(project):
             "test_eagle3",
             "test_nospec",
         ]
+
+
+def test_profile_file_warnings_reach_the_header_the_summary_and_the_report(project):
+    # Two env sets that disagree on a variable: the profile still loads (the later set wins),
+    # and the user is told so where they look, not only in a list nobody reads.
+    project.profiles(
+        project.profiles().read_text()
+        + '\n[env.quiet]\nNCCL_PROTO = "Simple"\n'
+        + '\n[profiles.both]\nenv = ["nccl_tuned", "quiet"]\n'
+        + 'extra_args = ["--sim-speed", "50", "--sim-load-seconds", "0.2"]\n'
+    )
+    project.tests(TESTS)
+    result = project.run(*RUNS, "--specdecode-report=report.json")
+    result.assert_outcomes(skipped=2)  # no baselines yet: measured, nothing to compare
+    warning = (
+        "env sets 'nccl_tuned' and 'quiet' both set NCCL_PROTO ('LL' vs 'Simple'); "
+        "the later one, 'Simple', wins"
+    )
+    lines = [line for line in result.stdout.lines if warning in line]
+    # once in the header before any test runs, once in the closing summary
+    assert len(lines) == 2, result.stdout.str()
+    assert lines[0].startswith("specdecode: warning: ")
+    assert lines[1].startswith("warning: ")
+    assert all("specdecode.toml [profiles.both]: " in line for line in lines)
+    report = json.loads((project.path / "report.json").read_text())
+    assert [w for w in report["session"]["warnings"] if warning in w]

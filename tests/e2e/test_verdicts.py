@@ -15,6 +15,7 @@ import re
 from typing import TYPE_CHECKING
 
 import pytest
+from summary_table import summary_table
 
 if TYPE_CHECKING:
     from conftest import Project
@@ -42,20 +43,6 @@ def test_unrelated():
 """
 
 
-def table(result: pytest.RunResult) -> dict[str, dict[str, str]]:
-    """The end-of-session table, one dict per test (keyed by the table's column names)."""
-    lines = result.stdout.lines
-    start = next(i for i, line in enumerate(lines) if line.startswith("| test "))
-    headers = [cell.strip() for cell in lines[start].strip("|").split("|")]
-    rows = {}
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        rows[cells[0]] = dict(zip(headers, cells, strict=True))
-    return rows
-
-
 def failure_text(result: pytest.RunResult, test: str) -> str:
     """The failure section of ``test`` (between its ``____ test ____`` header and the next)."""
     text = result.stdout.str()
@@ -69,7 +56,7 @@ def test_record_then_a_clean_pass_with_the_table(quiet_project: Project) -> None
     recorded = quiet_project.run(*RECORD)
     recorded.assert_outcomes(passed=4)
     assert len(quiet_project.baseline_files()) == 3
-    rows = table(recorded)
+    rows = summary_table(recorded)
     assert {row["verdict"] for row in rows.values()} == {"RECORDED"}
     assert {row["runs"] for row in rows.values()} == {"8"}
 
@@ -78,7 +65,7 @@ def test_record_then_a_clean_pass_with_the_table(quiet_project: Project) -> None
     out = checked.stdout.str()
     assert "SIMULATED: these figures come from pytest-specdecode's simulated SGLang server" in out
     assert "baselines updated" not in out
-    rows = table(checked)
+    rows = summary_table(checked)
     assert list(rows) == ["test_nospec_throughput", "test_nospec_loose", "test_eagle3_acceptance"]
     assert list(rows["test_nospec_throughput"]) == [
         "test", "profile", "tok/s (95% CI)", "vs baseline", "accept len", "runs", "verdict",
@@ -108,7 +95,7 @@ def test_a_6_percent_slowdown_fails_exactly_the_affected_test(quiet_project: Pro
     # Only the test whose margin the regression exceeds fails; the session goes on.
     slow.assert_outcomes(failed=1, passed=3)
     slow.stdout.fnmatch_lines(["FAILED test_perf.py::test_nospec_throughput - *"])
-    rows = table(slow)
+    rows = summary_table(slow)
     assert rows["test_nospec_throughput"]["verdict"] == "FAIL"
     assert rows["test_nospec_loose"]["verdict"] == "PASS"  # -50% allowed
     assert rows["test_eagle3_acceptance"]["verdict"] == "PASS"  # slower, same acceptance
@@ -138,7 +125,7 @@ def test_lower_acceptance_fails_accept_length_only(quiet_project: Project) -> No
 
     broken_draft = quiet_project.run_with_env({"SPECDECODE_SIM_ACCEPT_SCALE": "0.5"}, *CHECK)
     broken_draft.assert_outcomes(failed=1, passed=3)  # the non-speculative tests are unaffected
-    rows = table(broken_draft)
+    rows = summary_table(broken_draft)
     assert rows["test_eagle3_acceptance"]["verdict"] == "FAIL"
     assert float(rows["test_eagle3_acceptance"]["accept len"]) < 1.6
     text = failure_text(broken_draft, "test_eagle3_acceptance")
@@ -170,7 +157,7 @@ def test_heavy_noise_is_inconclusive_after_more_runs(quiet_project: Project) -> 
         "--specdecode-runs", "3", "--specdecode-max-runs", "6", "-rx",
     )  # fmt: skip
     noisy.assert_outcomes(xfailed=1)  # the default policy for INCONCLUSIVE
-    row = table(noisy)["test_noisy"]
+    row = summary_table(noisy)["test_noisy"]
     assert row["verdict"] == "INCONCLUSIVE"
     assert row["runs"] == "6"  # 3 runs, then one more at a time up to the maximum
     out = noisy.stdout.str()
@@ -215,7 +202,7 @@ def test_inconclusive_policies_from_flag_and_marker(quiet_project: Project) -> N
     few = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
 
     default = quiet_project.run_with_env(noise, *few)
-    assert {row["verdict"] for row in table(default).values()} == {"INCONCLUSIVE"}
+    assert {row["verdict"] for row in summary_table(default).values()} == {"INCONCLUSIVE"}
     default.assert_outcomes(xfailed=2, failed=1, passed=1, warnings=1)
     default.stdout.fnmatch_lines(["FAILED test_perf.py::test_marker_fail - *"])
     text = failure_text(default, "test_marker_fail")
@@ -266,7 +253,7 @@ def test_against_another_profiles_baseline(quiet_project: Project) -> None:
 
     checked = quiet_project.run(*CHECK)
     checked.assert_outcomes(passed=2, failed=1)
-    rows = table(checked)
+    rows = summary_table(checked)
     beats = rows["test_eagle3_beats_untuned_by_a_quarter"]
     match = re.fullmatch(r"PASS; vs nospec-untuned \+(\d+\.\d)% PASS", beats["verdict"])
     assert match, beats
@@ -307,7 +294,7 @@ def test_lower_is_better_metrics_flip_the_ratio(quiet_project: Project) -> None:
     # about 1.3) the tight test would pass and the "faster" test too.
     slower = quiet_project.run_with_env({"SPECDECODE_SIM_SLOWDOWN": "1.3"}, *CHECK)
     slower.assert_outcomes(failed=2, passed=1)
-    rows = table(slower)
+    rows = summary_table(slower)
     assert rows["test_latency_loose"]["verdict"] == "PASS"
     text = failure_text(slower, "test_tpot_tight")
     match = re.search(

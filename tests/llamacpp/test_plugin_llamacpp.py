@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from summary_table import summary_table
 
 from .conftest import ENV_BINARY, LlamaServerBinary
 from .tinymodels import TinyModels
@@ -168,19 +169,6 @@ def project(
             pass
 
 
-def table(result: pytest.RunResult) -> dict[str, dict[str, str]]:
-    lines = result.stdout.lines
-    start = next(i for i, line in enumerate(lines) if line.startswith("| test "))
-    headers = [cell.strip() for cell in lines[start].strip("|").split("|")]
-    rows = {}
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        rows[cells[0]] = dict(zip(headers, cells, strict=True))
-    return rows
-
-
 MEASURE_ALL = """
 import pytest
 
@@ -226,7 +214,7 @@ def test_real_speculation_gives_the_accept_lengths_it_should(project: LlamaProje
     assert all(abs(value - configured) <= 0.3 for value in synthetic), (synthetic, configured)
     assert "accept_length" not in tests["test_nospec"]["samples"]
 
-    rows = table(result)
+    rows = summary_table(result)
     assert rows["test_fixed"]["accept len"] == f"{sum(fixed) / len(fixed):.2f}"
     assert rows["test_nospec"]["accept len"] == "-"
     assert "SIMULATED" not in result.stdout.str()
@@ -288,7 +276,7 @@ def test_a_recorded_baseline_passes_and_a_slower_configuration_fails_against_it(
 
     checked = project.run(*RUNS)
     checked.assert_outcomes(passed=1, failed=1)
-    rows = table(checked)
+    rows = summary_table(checked)
     assert rows["test_fixed_holds_its_baseline"]["verdict"] == "PASS"
     assert rows["test_random_head_against_the_fixed_pair"]["verdict"].startswith("FAIL")
     text = checked.stdout.str()

@@ -1,9 +1,9 @@
 """Realistic results and nightly histories for the report, history and CLI tests.
 
-``data/seed_results.json`` holds the four ``TestResult.to_json()`` records of one real run of the
-example suite (``pytest perf_tests`` against the simulated server, every test PASS). The helpers
-below derive other nights from them: throughput and accept length scaled by a factor, with the
-own-baseline checks and the outcome made consistent with that factor.
+``data/seed_results.json`` holds the four ``SpecdecodeResult.to_json()`` records of one real run
+of the example suite (``pytest perf_tests`` against the simulated server, every test PASS). The
+helpers below derive other nights from them: throughput and accept length scaled by a factor, with
+the own-baseline checks and the outcome made consistent with that factor.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_specdecode.history import history_record
-from pytest_specdecode.session import TestResult
+from pytest_specdecode.outputs.history import history_record
+from pytest_specdecode.result import SpecdecodeResult
 from pytest_specdecode.verdict import Outcome
 
 DATA = Path(__file__).parent / "data" / "seed_results.json"
@@ -28,14 +28,14 @@ def seed_json() -> list[dict[str, Any]]:
     return data
 
 
-def seed_results() -> list[TestResult]:
-    return [TestResult.from_json(item) for item in seed_json()]
+def seed_results() -> list[SpecdecodeResult]:
+    return [SpecdecodeResult.from_json(item) for item in seed_json()]
 
 
-def seed_result(profile: str = "eagle3-2step-nccl") -> TestResult:
+def seed_result(profile: str = "eagle3-2step-nccl") -> SpecdecodeResult:
     for item in seed_json():
         if item["profile"] == profile:
-            return TestResult.from_json(item)
+            return SpecdecodeResult.from_json(item)
     raise LookupError(profile)
 
 
@@ -49,12 +49,12 @@ def _judge(ratio: float, margin: float) -> tuple[float, float, str]:
 
 
 def scaled(
-    result: TestResult,
+    result: SpecdecodeResult,
     tok_s: float = 1.0,
     accept: float = 1.0,
     *,
     baseline_std: float | None = None,
-) -> TestResult:
+) -> SpecdecodeResult:
     """``result`` with tok/s (and decode tok/s) scaled by ``tok_s`` and accept length by
     ``accept``; own-baseline checks get ratio = factor, a ±1.5% CI, the verdict that follows
     from the margin, and ``baseline_std`` when given; the outcome is the worst verdict."""
@@ -81,7 +81,7 @@ def scaled(
         data["outcome"] = Outcome.INCONCLUSIVE.value
     else:
         data["outcome"] = Outcome.PASS.value
-    return TestResult.from_json(data)
+    return SpecdecodeResult.from_json(data)
 
 
 def night(

@@ -16,6 +16,7 @@ import pytest
 from pytest_specdecode.adapters import LlamaCppCompletions, SglangGenerate, prompt_seed
 from pytest_specdecode.backends import (
     LLAMACPP_PHASES,
+    SGLANG_PHASES,
     LlamaCppBackend,
     SglangBackend,
     SpecCounters,
@@ -23,11 +24,12 @@ from pytest_specdecode.backends import (
     llamacpp_run_extras,
     printed_error,
 )
-from pytest_specdecode.client import MeasurementClient, RequestRecord, RunRecord
+from pytest_specdecode.client import MeasurementClient
 from pytest_specdecode.errors import ConfigError, RequestError
-from pytest_specdecode.llamacpp import LlamaCppOptions, LlamaCppSpeculative
 from pytest_specdecode.profiles import ServerProfile
-from pytest_specdecode.readiness import SGLANG_PHASES, LogTail
+from pytest_specdecode.profiles.llamacpp import LlamaCppOptions, LlamaCppSpeculative
+from pytest_specdecode.records import RequestRecord, RunRecord
+from pytest_specdecode.servers.readiness import LogTail
 from pytest_specdecode.workloads import Prompt, Workload
 
 BASE_URL = "http://127.0.0.1:8080"

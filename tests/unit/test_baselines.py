@@ -17,14 +17,14 @@ import jsonschema
 import pytest
 
 from pytest_specdecode import __version__
-from pytest_specdecode.baseline_record import (
+from pytest_specdecode.baselines.record import (
     SCHEMA_PATH,
     SCHEMA_VERSION,
     BaselineRecord,
     MetricSamples,
     check_fingerprint,
 )
-from pytest_specdecode.baselines import BaselineStore, BaselineUpdate
+from pytest_specdecode.baselines.store import BaselineStore, BaselineUpdate
 from pytest_specdecode.errors import BaselineError, ConfigError
 from pytest_specdecode.fingerprint import Fingerprint
 from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpus, hardware_key

@@ -14,7 +14,7 @@ import pytest
 from reportdata import night
 
 from pytest_specdecode.__main__ import EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, main
-from pytest_specdecode.history import append_history
+from pytest_specdecode.outputs.history import append_history
 
 TWO_STEP = "eagle3-2step-nccl"
 SLOW = {TWO_STEP: 0.9}

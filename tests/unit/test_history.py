@@ -14,16 +14,16 @@ import jsonschema
 import pytest
 from reportdata import night, scaled, seed_result, seed_results
 
-from pytest_specdecode.history import (
+from pytest_specdecode.outputs.history import (
     HISTORY_SCHEMA_PATH,
     HistoryError,
     append_history,
     history_record,
     read_history,
 )
-from pytest_specdecode.session import TestResult as Result
-from pytest_specdecode.trend import format_table, select, trend
-from pytest_specdecode.trend_plot import INSTALL_HINT, PlotDependencyError, plot_trend
+from pytest_specdecode.outputs.trend import format_table, select, trend
+from pytest_specdecode.outputs.trend_plot import INSTALL_HINT, PlotDependencyError, plot_trend
+from pytest_specdecode.result import SpecdecodeResult as Result
 
 SESSION = {
     "started_utc": "2026-11-29T02:40:00Z",

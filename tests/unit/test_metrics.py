@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_specdecode.client import RequestRecord, RunRecord
 from pytest_specdecode.errors import RequestError
 from pytest_specdecode.metrics import METRICS, RunMetrics, compute_run_metrics
+from pytest_specdecode.records import RequestRecord, RunRecord
 
 
 def request(

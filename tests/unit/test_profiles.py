@@ -13,16 +13,15 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.profiles import (
+from pytest_specdecode.profiles.loader import SPEC_ALGORITHMS, load_profiles
+from pytest_specdecode.profiles.profile import (
     ALGORITHM_MARKERS,
-    SPEC_ALGORITHMS,
     ArgMismatch,
     ProfileFile,
     ServerProfile,
     Speculative,
     compare_server_args,
     flag_groups,
-    load_profiles,
     normalized_extra_args,
 )
 

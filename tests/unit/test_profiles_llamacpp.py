@@ -10,11 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode import llamacpp
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.launch.factory import make_launcher
-from pytest_specdecode.llamacpp import LlamaCppSpeculative, file_sha256, resolve_binary
-from pytest_specdecode.profiles import ALGORITHM_MARKERS, ProfileFile, ServerProfile, load_profiles
+from pytest_specdecode.profiles import (
+    ALGORITHM_MARKERS,
+    ProfileFile,
+    ServerProfile,
+    llamacpp,
+    load_profiles,
+)
+from pytest_specdecode.profiles.llamacpp import LlamaCppSpeculative, file_sha256, resolve_binary
+from pytest_specdecode.servers.factory import make_launcher
 
 
 @pytest.fixture

@@ -14,16 +14,9 @@ import jsonschema
 import pytest
 from reportdata import scaled, seed_json, seed_result, seed_results
 
-from pytest_specdecode import __version__, report
-from pytest_specdecode.markdown import (
-    TABLE_HEADERS,
-    escape,
-    markdown_summary,
-    markdown_table,
-    table_rows,
-    write_markdown,
-)
-from pytest_specdecode.reports import (
+from pytest_specdecode import __version__
+from pytest_specdecode.outputs import terminal as report
+from pytest_specdecode.outputs.json_report import (
     REPORT_SCHEMA_PATH,
     REPORT_SCHEMA_VERSION,
     build_report,
@@ -31,7 +24,15 @@ from pytest_specdecode.reports import (
     make_session_info,
     write_report,
 )
-from pytest_specdecode.session import TestResult as Result
+from pytest_specdecode.outputs.markdown import (
+    TABLE_HEADERS,
+    escape,
+    markdown_summary,
+    markdown_table,
+    table_rows,
+    write_markdown,
+)
+from pytest_specdecode.result import SpecdecodeResult as Result
 from pytest_specdecode.verdict import Outcome
 
 SESSION = {

@@ -24,6 +24,7 @@ from pytest_specdecode.stats import (
     StatsInputError,
     Verdict,
     compare,
+    describe,
     min_detectable_effect,
     required_runs,
     summarize,
@@ -60,11 +61,25 @@ def test_summarize_reports_sample_statistics() -> None:
     assert summary.cv == pytest.approx(2.0 / 90.0)
 
 
-def test_summarize_single_run_and_constant_runs_have_exactly_zero_spread() -> None:
-    assert summarize([88.8]).std == summarize([88.8]).cv == 0.0
+def test_a_single_run_has_no_spread_and_constant_runs_have_exactly_zero() -> None:
+    single = summarize([88.8])
+    assert (single.std, single.cv, single.ci_low, single.ci_high) == (None, None, None, None)
+    assert single.cv_text() == "n/a"
     # 0.1 summed three times is not 0.3: the spread of identical runs must still be exactly 0.
     constant = summarize([0.1, 0.1, 0.1])
     assert (constant.mean, constant.std, constant.cv) == (0.1, 0.0, 0.0)
+    assert (constant.ci_low, constant.ci_high) == (0.1, 0.1)
+
+
+def test_describe_gives_the_t_interval_of_the_mean() -> None:
+    values = [88.0, 90.0, 92.0]
+    summary = describe(values)
+    half = scipy_stats.t.ppf(0.975, 2) * 2.0 / 3**0.5
+    assert summary.ci_low == pytest.approx(90.0 - half)
+    assert summary.ci_high == pytest.approx(90.0 + half)
+    assert describe([0.0, 0.0]).cv is None  # a CV of a zero mean is undefined, not 0
+    with pytest.raises(StatsInputError):
+        describe([])
 
 
 @pytest.mark.parametrize(

@@ -57,7 +57,7 @@ def test_no_prompt_appears_in_two_sets() -> None:
 
 
 def test_shipped_files_are_one_json_object_per_line() -> None:
-    folder = resources.files("pytest_specdecode") / "workloads"
+    folder = resources.files("pytest_specdecode") / "prompts"
     for kind in PROMPT_KINDS:
         lines = (folder / f"{kind}.jsonl").read_text(encoding="utf-8").splitlines()
         assert [json.loads(line)["kind"] for line in lines] == [kind] * len(lines)

@@ -2,8 +2,9 @@
 
 GitHub-flavoured Markdown: a heading, a SIMULATED warning when any figure is simulated, the
 outcome counts, the results table with the same columns and wording as the terminal table
-(:func:`pytest_specdecode.report.results_table`), then the verdict paragraphs of every test that
-failed, was inconclusive, had no baseline or a mismatched one, and the warnings of any test.
+(:func:`pytest_specdecode.outputs.terminal.results_table`), then the verdict paragraphs of
+every test that failed, was inconclusive, had no baseline or a mismatched one, and the warnings
+of any test.
 
 Free text (verdict paragraphs, warnings, table cells) is escaped so that ``*``, ``<`` or a
 ``|`` in a parametrised test id render literally. GitHub refuses step summaries over 1 MiB, so
@@ -19,8 +20,8 @@ from pathlib import Path
 from tabulate import tabulate
 
 from pytest_specdecode.files import atomic_write_text
-from pytest_specdecode.report import SIMULATED_BANNER, TABLE_HEADERS, short_id, table_rows
-from pytest_specdecode.session import TestResult
+from pytest_specdecode.outputs.terminal import SIMULATED_BANNER, TABLE_HEADERS, short_id, table_rows
+from pytest_specdecode.result import SpecdecodeResult
 from pytest_specdecode.verdict import Outcome
 
 DETAILED = (Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.NO_BASELINE, Outcome.MISMATCH)
@@ -49,7 +50,7 @@ def code(text: str) -> str:
 # --------------------------------------------------------------------------- table cells
 
 
-def markdown_table(results: Sequence[TestResult]) -> str:
+def markdown_table(results: Sequence[SpecdecodeResult]) -> str:
     rows = [[escape(cell) for cell in row] for row in table_rows(results)]
     return tabulate(rows, headers=list(TABLE_HEADERS), tablefmt="github", disable_numparse=True)
 
@@ -57,7 +58,7 @@ def markdown_table(results: Sequence[TestResult]) -> str:
 # --------------------------------------------------------------------------- summary
 
 
-def _counts(results: Sequence[TestResult]) -> str:
+def _counts(results: Sequence[SpecdecodeResult]) -> str:
     parts = []
     for outcome in Outcome:
         n = sum(1 for r in results if r.outcome is outcome)
@@ -67,7 +68,7 @@ def _counts(results: Sequence[TestResult]) -> str:
     return f"**{len(results)} {noun}**: " + ", ".join(parts)
 
 
-def _detail(result: TestResult) -> list[str]:
+def _detail(result: SpecdecodeResult) -> list[str]:
     lines = [
         f"#### {code(short_id(result.test_id))} ({escape(result.profile)}): "
         f"{result.outcome.value.upper()}",
@@ -83,13 +84,13 @@ def _detail(result: TestResult) -> list[str]:
     return lines
 
 
-def _warnings(result: TestResult) -> list[str]:
+def _warnings(result: SpecdecodeResult) -> list[str]:
     head = f"{code(short_id(result.test_id))} ({escape(result.profile)})"
     return [f"- {head}: {escape(' '.join(w.split()))}" for w in result.warnings]
 
 
 def markdown_summary(
-    results: Sequence[TestResult],
+    results: Sequence[SpecdecodeResult],
     *,
     title: str = "pytest-specdecode",
     max_bytes: int = MAX_SUMMARY_BYTES,

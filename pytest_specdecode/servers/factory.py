@@ -1,7 +1,7 @@
 """From a profile to a launcher, and from a recorded identity back to a live server.
 
 The pool keeps servers alive across sessions through the identities in the state file
-(:mod:`pytest_specdecode.state`): a pid with the command it ran, or a container id. These
+(:mod:`pytest_specdecode.servers.state`): a pid with the command it ran, or a container id. These
 functions are the only places that know which launcher kind an identity belongs to.
 """
 
@@ -11,15 +11,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.launch.base import Launcher, ServerIdentity, wait_port_free
-from pytest_specdecode.launch.subprocess import (
+from pytest_specdecode.profiles.llamacpp import resolve_binary
+from pytest_specdecode.profiles.profile import ServerProfile
+from pytest_specdecode.servers.launcher import Launcher, ServerIdentity, wait_port_free
+from pytest_specdecode.servers.subprocess import (
     SubprocessLauncher,
     process_alive,
     process_cmdline,
     stop_process_group,
 )
-from pytest_specdecode.llamacpp import resolve_binary
-from pytest_specdecode.profiles import ServerProfile
 
 # Secrets a server may need (gated model downloads) that a container does not inherit. They are
 # passed through from pytest's environment and never recorded in a profile or fingerprint.
@@ -36,7 +36,7 @@ def make_launcher(
 ) -> Launcher:
     key_args = ["--api-key", api_key] if api_key else []
     if profile.launcher == "docker":
-        from pytest_specdecode.launch.docker import DockerLauncher, container_bind_host
+        from pytest_specdecode.servers.docker import DockerLauncher, container_bind_host
 
         if profile.docker is None:
             raise ConfigError(f"profile {profile.name!r} uses launcher docker but has no image")
@@ -77,7 +77,7 @@ def make_launcher(
 
 def identity_alive(identity: ServerIdentity) -> bool:
     if identity.get("kind") == "docker":
-        from pytest_specdecode.launch.docker import docker_server_alive
+        from pytest_specdecode.servers.docker import docker_server_alive
 
         return docker_server_alive(identity)
     pid = identity.get("pid")
@@ -90,7 +90,7 @@ def identity_alive(identity: ServerIdentity) -> bool:
 
 def stop_identity(identity: ServerIdentity, *, grace: float) -> None:
     if identity.get("kind") == "docker":
-        from pytest_specdecode.launch.docker import stop_docker_server
+        from pytest_specdecode.servers.docker import stop_docker_server
 
         stop_docker_server(identity, grace)
         return

@@ -4,7 +4,7 @@ One JSON file (``servers.json`` in the state directory) guarded by a filelock. E
 server this plugin started: its profile, fingerprint digest, URL, how to find it again (the
 launcher's identity: pid or container id), the GPUs it holds, whether it is still loading, who
 owns it (the test run that will stop it) and who is using it right now (leases). Nothing here
-talks to a server; :mod:`pytest_specdecode.pool` decides, this module only remembers.
+talks to a server; :mod:`pytest_specdecode.servers.pool` decides, this module only remembers.
 
 The lock is held only for quick read-modify-write cycles, never while waiting for a server.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from pytest_specdecode.launch.subprocess import process_alive
+from pytest_specdecode.servers.subprocess import process_alive
 
 STATE_VERSION = 1
 

@@ -17,9 +17,10 @@ overlay adds ``--sim-*`` knobs to the profile's own flags). Target ``"real"`` me
 
 A profile with ``launcher = "llamacpp"`` describes llama.cpp's ``llama-server`` instead of SGLang:
 its own keys (``binary``, ``threads``, ``ctx_size``, ``parallel``, a ``speculative`` table with a
-``--spec-type``) live in :class:`~pytest_specdecode.llamacpp.LlamaCppOptions`, SGLang-only keys
-are refused in its table and ignored from ``[defaults]`` (and the other way round), and target
-overlays do not apply to it (llama-server runs on any machine). See docs/llamacpp.md.
+``--spec-type``) live in :class:`~pytest_specdecode.profiles.llamacpp.LlamaCppOptions`,
+SGLang-only keys are refused in its table and ignored from ``[defaults]`` (and the other way
+round), and target overlays do not apply to it (llama-server runs on any machine). See
+docs/llamacpp.md.
 
 Why so strict: the seed's worst mistake was a comparison between configurations that silently
 differed (NCCL variables lost on a reboot). So unknown keys, flags in ``extra_args`` that
@@ -40,22 +41,15 @@ from types import MappingProxyType
 
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.fingerprint import Fingerprint
-from pytest_specdecode.llamacpp import DEFAULT_BINARY, LlamaCppOptions
+from pytest_specdecode.profiles.llamacpp import DEFAULT_BINARY, LlamaCppOptions
 
-LAUNCHERS: tuple[str, ...] = ("sglang", "docker", "sim", "llamacpp")
-"""How a server is started; a new launcher is added here and in ServerProfile.launch_argv.
-``llamacpp`` runs llama.cpp's ``llama-server`` (:mod:`pytest_specdecode.llamacpp`)."""
 SIMULATED_LAUNCHERS = frozenset({"sim"})
-SPEC_ALGORITHMS: tuple[str, ...] = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 ALGORITHM_MARKERS: tuple[str, ...] = ("eagle3", "eagle", "nextn", "ngram", "standalone", "nospec")
 NOSPEC = "nospec"
 ALGORITHM_ALIASES: Mapping[str, str] = MappingProxyType({"NEXTN": "EAGLE"})
 """SGLang resolves NEXTN to EAGLE in ``ServerArgs.__post_init__`` (sglang-api.md §5)."""
-DRAFT_FREE_ALGORITHMS = frozenset({"NEXTN", "NGRAM"})
-"""MTP heads (NEXTN) live in the target model; NGRAM drafts from the prompt."""
 
 TARGET_REAL = "real"
-DOCKER_NETWORKS: tuple[str, ...] = ("host", "bridge")
 DEFAULT_LAUNCHER = "sglang"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_STARTUP_TIMEOUT = 1800.0  # the seed's loads took ~900 s; twice that before giving up
@@ -72,39 +66,6 @@ SCRUBBED_ENV_PREFIXES: tuple[str, ...] = ("NCCL_", "LLAMA_ARG_")
 the profile, not the shell that happens to run pytest, decides how NCCL is tuned (and which
 settings llama-server reads from ``LLAMA_ARG_*`` variables)."""
 
-SGLANG_OVERWRITTEN_ENV: Mapping[str, str] = MappingProxyType(
-    {
-        "NCCL_CUMEM_ENABLE": "use the flag --enable-symm-mem in extra_args instead",
-        "NCCL_NVLS_ENABLE": "use the flag --enable-nccl-nvls in extra_args instead",
-        "CUDA_DEVICE_MAX_CONNECTIONS": "SGLang always sets it to 4; there is no flag for it",
-        "CUDA_MODULE_LOADING": "SGLang always sets it to AUTO; there is no flag for it",
-        "TORCH_NCCL_AVOID_RECORD_STREAMS": "SGLang sets it to 1; there is no flag for it",
-    }
-)
-"""Set by SGLang at startup (``_set_envs_and_config``), whatever the environment says."""
-
-FIRST_CLASS_FLAGS: Mapping[str, str] = MappingProxyType(
-    {
-        "--model-path": "model_path",
-        "--model": "model_path",
-        "--tp-size": "tp_size",
-        "--tp": "tp_size",
-        "--tensor-parallel-size": "tp_size",
-        "--host": "host",
-        "--port": "port",
-        "--mem-fraction-static": "mem_fraction_static",
-        "--speculative-algorithm": "speculative.algorithm",
-        "--speculative-draft-model-path": "speculative.draft_model_path",
-        "--speculative-draft-model": "speculative.draft_model_path",
-        "--speculative-num-steps": "speculative.num_steps",
-        "--speculative-eagle-topk": "speculative.eagle_topk",
-        "--speculative-num-draft-tokens": "speculative.num_draft_tokens",
-        "--api-key": "api_key_env",
-    }
-)
-"""SGLang flags that a profile key sets; the same flag in ``extra_args`` is an error. Other
-``--speculative-*`` flags (accept thresholds, token map, attention mode) have no key and are
-allowed in ``extra_args``."""
 
 ECHOED_FLAGS: Mapping[str, type] = MappingProxyType(
     {
@@ -135,31 +96,7 @@ as underscores, unchanged by SGLang's resolution; ``bool`` = a flag without a va
 flags are passed on but not checked on an attached server (their field name or resolution is
 not known here)."""
 
-PROFILE_KEYS: tuple[str, ...] = (
-    "description", "launcher", "model_path", "tp_size", "speculative", "mem_fraction_static",
-    "extra_args", "env", "python", "server_module", "image", "shm_size", "volumes", "network",
-    "gpus", "host", "port", "startup_timeout", "warmup_requests", "api_key_env",
-    "binary", "threads", "ctx_size", "parallel",
-)  # fmt: skip
-LLAMACPP_ONLY_KEYS: tuple[str, ...] = ("binary", "threads", "ctx_size", "parallel")
-SGLANG_ONLY_KEYS: tuple[str, ...] = (
-    "tp_size", "mem_fraction_static", "python", "server_module", "image", "shm_size", "volumes",
-    "network",
-)  # fmt: skip
-"""Keys that mean nothing to the other kind of server: refused in a profile's own table,
-ignored when inherited from ``[defaults]`` (which a file's SGLang and llama.cpp profiles
-share)."""
-SPECULATIVE_KEYS: tuple[str, ...] = (
-    "algorithm", "draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens",
-)  # fmt: skip
-TOP_LEVEL_KEYS: tuple[str, ...] = ("defaults", "env", "profiles", "targets", "workloads")
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # also a valid docker container name part
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SECRET_ENV = re.compile(
-    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS|API_KEY|ACCESS_KEY|SECRET_KEY)$", re.I
-)
-_SHM_SIZE = re.compile(r"^\d+(b|[kmg]b?)?$", re.I)
 _NUMBER = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
 
 
@@ -536,17 +473,3 @@ def _same_arg(name: str, expected: object, actual: object) -> bool:
     if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
         return math.isclose(expected, actual, rel_tol=1e-9, abs_tol=1e-12)
     return expected == actual
-
-
-def load_profiles(path: Path, *, target: str = TARGET_REAL) -> ProfileFile:
-    """Load and validate a profile file; return the profiles of ``target``.
-
-    ``target`` ``"real"`` applies no overlay; any other name must be a ``[targets.NAME]``
-    table. Every profile is built under every target, so a mistake in an overlay surfaces on
-    any run, not only on the run that uses it. Raises :class:`ConfigError` naming the file, the
-    table, the key, the bad value and what is allowed. The validation lives in
-    :mod:`pytest_specdecode.profile_loader`.
-    """
-    from pytest_specdecode.profile_loader import load
-
-    return load(Path(path), target=target)

@@ -26,8 +26,8 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_specdecode.report import SIMULATED_BANNER
-from pytest_specdecode.reports import parse_iso
+from pytest_specdecode.outputs.json_report import parse_iso
+from pytest_specdecode.outputs.terminal import SIMULATED_BANNER
 
 OUTCOME_LETTERS = {
     "pass": "P",

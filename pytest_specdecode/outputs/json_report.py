@@ -23,19 +23,17 @@ from __future__ import annotations
 import json
 import math
 import re
-import statistics
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from scipy import stats as scipy_stats
-
 from pytest_specdecode import __version__
 from pytest_specdecode.files import atomic_write_text
 from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.redaction import redact_json
-from pytest_specdecode.session import TestResult
+from pytest_specdecode.result import SpecdecodeResult
+from pytest_specdecode.stats import describe
 from pytest_specdecode.verdict import Outcome
 
 REPORT_SCHEMA_VERSION = 1
@@ -43,7 +41,7 @@ REPORT_SCHEMA_VERSION = 1
 new one (added optional fields do not bump it)."""
 
 REPORT_KIND = "pytest-specdecode report"
-SCHEMA_DIR = Path(__file__).parent / "schemas"
+SCHEMA_DIR = Path(__file__).parents[1] / "schemas"
 REPORT_SCHEMA_PATH = SCHEMA_DIR / "report.schema.json"
 
 SESSION_KEYS = (
@@ -64,24 +62,17 @@ SESSION_KEYS = (
 # --------------------------------------------------------------------------- numbers
 
 
-def metric_summary(values: Sequence[float], confidence: float = 0.95) -> dict[str, float | None]:
-    """n, mean, std (ddof=1), CV and the t confidence interval of the mean of one metric's
-    per-run values. With one run, std, CV and the interval are ``None`` (not measured)."""
-    n = len(values)
-    if n == 0:
-        raise ValueError("a metric summary needs at least one value")
-    mean = statistics.fmean(values)
-    if n < 2:
-        return {"n": n, "mean": mean, "std": None, "cv": None, "ci95_low": None, "ci95_high": None}
-    std = statistics.stdev(values)
-    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
+def metric_summary(values: Sequence[float]) -> dict[str, float | None]:
+    """n, mean, std (ddof=1), CV and the 95% t interval of the mean of one metric's per-run
+    values (:func:`~pytest_specdecode.stats.describe`; one run has no std, CV or interval)."""
+    d = describe(values)
     return {
-        "n": n,
-        "mean": mean,
-        "std": std,
-        "cv": std / abs(mean) if mean else None,
-        "ci95_low": mean - half,
-        "ci95_high": mean + half,
+        "n": d.n,
+        "mean": d.mean,
+        "std": d.std,
+        "cv": d.cv,
+        "ci95_low": d.ci_low,
+        "ci95_high": d.ci_high,
     }
 
 
@@ -134,6 +125,7 @@ def make_session_info(
     exit_status: int,
     run_id: str | None = None,
     hardware_keys: Sequence[str] | None = None,
+    warnings: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The ``session_info`` mapping :func:`build_report` and ``history_record`` expect."""
     info: dict[str, Any] = {
@@ -148,11 +140,13 @@ def make_session_info(
     }
     if hardware_keys is not None:
         info["hardware_keys"] = sorted(set(hardware_keys))
+    if warnings:
+        info["warnings"] = list(warnings)  # the profile file's, for the report header
     return info
 
 
 def normalized_session(
-    session_info: Mapping[str, Any], results: Sequence[TestResult]
+    session_info: Mapping[str, Any], results: Sequence[SpecdecodeResult]
 ) -> dict[str, Any]:
     """``session_info`` with times in ISO UTC, secrets redacted and the gaps filled from the
     results: plugin version, hardware keys, and the git commit from the first result's
@@ -200,15 +194,15 @@ def metrics_registry() -> dict[str, dict[str, Any]]:
     }
 
 
-def outcome_counts(results: Sequence[TestResult]) -> dict[str, int]:
+def outcome_counts(results: Sequence[SpecdecodeResult]) -> dict[str, int]:
     counts = {outcome.value: 0 for outcome in Outcome}
     for result in results:
         counts[result.outcome.value] += 1
     return {"total": len(results), **counts}
 
 
-def report_entry(result: TestResult) -> dict[str, Any]:
-    """One test of the report: ``TestResult.to_json()`` plus ``runs`` and ``summary``."""
+def report_entry(result: SpecdecodeResult) -> dict[str, Any]:
+    """One test of the report: ``SpecdecodeResult.to_json()`` plus ``runs`` and ``summary``."""
     entry = result.to_json()
     # Only these two carry configuration text; blanket redaction would hide "hardware_key".
     entry["fingerprint"] = redact_json(entry["fingerprint"])
@@ -221,7 +215,7 @@ def report_entry(result: TestResult) -> dict[str, Any]:
 
 
 def build_report(
-    results: Sequence[TestResult], *, session_info: Mapping[str, Any]
+    results: Sequence[SpecdecodeResult], *, session_info: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The JSON report of one session (layout: ``docs/reports.md``, ``report.schema.json``)."""
     report = {
@@ -272,7 +266,7 @@ def check_key(check: Mapping[str, Any]) -> str:
     return metric if reference is None else f"{metric}_vs_{_property_part(str(reference))}"
 
 
-def junit_properties(result: TestResult) -> list[tuple[str, str]]:
+def junit_properties(result: SpecdecodeResult) -> list[tuple[str, str]]:
     """Name/value pairs for ``record_property``: profile, outcome, simulated, runs, per metric
     the mean and its 95% CI (base units: tok/s, tokens/step, seconds), and per check its ratio,
     CI of the ratio, margin and verdict (``not compared`` plus the problem when there was no

@@ -5,7 +5,7 @@ One panel per metric, one line per test (labelled by its profile), each session'
 with (dashed), the baseline's run-to-run band (mean ± one standard deviation of the baseline's
 runs, shaded, when the history knows it) and the margin's threshold (dotted). A session whose
 check of that metric failed carries a red ✕, one whose test failed on another check a red ring;
-spans where a regression of that metric persisted (see :mod:`pytest_specdecode.trend`) are
+spans where a regression of that metric persisted (see :mod:`pytest_specdecode.outputs.trend`) are
 tinted red. Simulated figures say so in the title.
 
 matplotlib is an optional dependency (``pip install 'pytest-specdecode[plot]'``), imported only
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_specdecode.errors import SpecdecodeError
 from pytest_specdecode.metrics import METRICS
-from pytest_specdecode.trend import TrendRow, TrendTable, trend
+from pytest_specdecode.outputs.trend import TrendRow, TrendTable, trend
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

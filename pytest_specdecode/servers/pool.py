@@ -38,13 +38,13 @@ from filelock import FileLock
 
 from pytest_specdecode.backends import backend_for
 from pytest_specdecode.errors import ConfigError, ServerError, ServerStartError, SpecdecodeError
-from pytest_specdecode.launch.base import Launcher, ServerIdentity, find_free_port
-from pytest_specdecode.launch.factory import identity_alive, make_launcher, stop_identity
-from pytest_specdecode.readiness import LogTail, Progress, wait_until_ready
-from pytest_specdecode.state import Entry, Owner, StateFile, lease_key
+from pytest_specdecode.servers.factory import identity_alive, make_launcher, stop_identity
+from pytest_specdecode.servers.launcher import Launcher, ServerIdentity, find_free_port
+from pytest_specdecode.servers.readiness import LogTail, Progress, wait_until_ready
+from pytest_specdecode.servers.state import Entry, Owner, StateFile, lease_key
 
 if TYPE_CHECKING:
-    from pytest_specdecode.profiles import ServerProfile
+    from pytest_specdecode.profiles.profile import ServerProfile
 
 EventSink = Callable[[str], None]
 

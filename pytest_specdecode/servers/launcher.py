@@ -21,7 +21,8 @@ class Launcher(Protocol):
     """Starts one server and owns it until :meth:`stop`.
 
     ``start`` returns as soon as the process or container exists; waiting for readiness is the
-    job of :mod:`pytest_specdecode.readiness`, which polls :meth:`exit_code` to notice a crash.
+    job of :mod:`pytest_specdecode.servers.readiness`, which polls :meth:`exit_code` to notice a
+    crash.
     """
 
     kind: str

@@ -1,6 +1,6 @@
 """Reading and validating a profile file: every key checked, every error naming the file, the
 table, the key, the bad value and what is allowed. The types it builds, and what is derived from
-a profile, live in :mod:`pytest_specdecode.profiles`.
+a profile, live in :mod:`pytest_specdecode.profiles.profile`.
 """
 
 from __future__ import annotations
@@ -15,42 +15,32 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from pytest_specdecode import llamacpp
-from pytest_specdecode.config_values import check_keys as _check_keys
-from pytest_specdecode.config_values import choice as _choice
-from pytest_specdecode.config_values import did_you_mean as _did_you_mean
-from pytest_specdecode.config_values import fail as _fail
-from pytest_specdecode.config_values import integer as _integer
-from pytest_specdecode.config_values import string as _string
-from pytest_specdecode.config_values import strings as _strings
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.llamacpp import LlamaCppOptions, LlamaCppSpeculative
-from pytest_specdecode.profiles import (
-    _ENV_NAME,
-    _NAME,
-    _SECRET_ENV,
-    _SHM_SIZE,
+from pytest_specdecode.profiles.llamacpp import (
+    LAUNCHER as LLAMACPP,
+)
+from pytest_specdecode.profiles.llamacpp import (
+    SPEC_TYPES as LLAMACPP_SPEC_TYPES,
+)
+from pytest_specdecode.profiles.llamacpp import (
+    LlamaCppOptions,
+    LlamaCppSpeculative,
+    check_speculative,
+)
+from pytest_specdecode.profiles.llamacpp import (
+    check_extra_args as check_llamacpp_extra_args,
+)
+from pytest_specdecode.profiles.profile import (
     DEFAULT_HOST,
     DEFAULT_LAUNCHER,
     DEFAULT_SHM_SIZE,
     DEFAULT_STARTUP_TIMEOUT,
     DEFAULT_WARMUP_REQUESTS,
-    DOCKER_NETWORKS,
-    DRAFT_FREE_ALGORITHMS,
     ECHOED_FLAGS,
-    FIRST_CLASS_FLAGS,
-    LAUNCHERS,
-    LLAMACPP_ONLY_KEYS,
-    PROFILE_KEYS,
     SGLANG_MODULE,
-    SGLANG_ONLY_KEYS,
-    SGLANG_OVERWRITTEN_ENV,
     SIM_MODULE,
     SIMULATED_LAUNCHERS,
-    SPEC_ALGORITHMS,
-    SPECULATIVE_KEYS,
     TARGET_REAL,
-    TOP_LEVEL_KEYS,
     DockerOptions,
     FrozenMap,
     ProfileFile,
@@ -58,16 +48,96 @@ from pytest_specdecode.profiles import (
     Speculative,
     flag_groups,
 )
+from pytest_specdecode.profiles.values import check_keys as _check_keys
+from pytest_specdecode.profiles.values import choice as _choice
+from pytest_specdecode.profiles.values import did_you_mean as _did_you_mean
+from pytest_specdecode.profiles.values import fail as _fail
+from pytest_specdecode.profiles.values import integer as _integer
+from pytest_specdecode.profiles.values import string as _string
+from pytest_specdecode.profiles.values import strings as _strings
 
 # tomllib is stdlib from 3.11; the package depends on tomli for 3.10. Imported by name so the
 # type checker (configured for 3.10) does not need tomli installed.
 _toml: Any = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
 
+# -- the file's schema (only the loader reads it) ---------------------------------------------
+
+LAUNCHERS: tuple[str, ...] = ("sglang", "docker", "sim", "llamacpp")
+"""How a server is started; a new launcher is added here and in ServerProfile.launch_argv.
+``llamacpp`` runs llama.cpp's ``llama-server`` (:mod:`pytest_specdecode.profiles.llamacpp`)."""
+SPEC_ALGORITHMS: tuple[str, ...] = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+DRAFT_FREE_ALGORITHMS = frozenset({"NEXTN", "NGRAM"})
+"""MTP heads (NEXTN) live in the target model; NGRAM drafts from the prompt."""
+DOCKER_NETWORKS: tuple[str, ...] = ("host", "bridge")
+SGLANG_OVERWRITTEN_ENV: Mapping[str, str] = MappingProxyType(
+    {
+        "NCCL_CUMEM_ENABLE": "use the flag --enable-symm-mem in extra_args instead",
+        "NCCL_NVLS_ENABLE": "use the flag --enable-nccl-nvls in extra_args instead",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "SGLang always sets it to 4; there is no flag for it",
+        "CUDA_MODULE_LOADING": "SGLang always sets it to AUTO; there is no flag for it",
+        "TORCH_NCCL_AVOID_RECORD_STREAMS": "SGLang sets it to 1; there is no flag for it",
+    }
+)
+"""Set by SGLang at startup (``_set_envs_and_config``), whatever the environment says."""
+FIRST_CLASS_FLAGS: Mapping[str, str] = MappingProxyType(
+    {
+        "--model-path": "model_path",
+        "--model": "model_path",
+        "--tp-size": "tp_size",
+        "--tp": "tp_size",
+        "--tensor-parallel-size": "tp_size",
+        "--host": "host",
+        "--port": "port",
+        "--mem-fraction-static": "mem_fraction_static",
+        "--speculative-algorithm": "speculative.algorithm",
+        "--speculative-draft-model-path": "speculative.draft_model_path",
+        "--speculative-draft-model": "speculative.draft_model_path",
+        "--speculative-num-steps": "speculative.num_steps",
+        "--speculative-eagle-topk": "speculative.eagle_topk",
+        "--speculative-num-draft-tokens": "speculative.num_draft_tokens",
+        "--api-key": "api_key_env",
+    }
+)
+"""SGLang flags that a profile key sets; the same flag in ``extra_args`` is an error. Other
+``--speculative-*`` flags (accept thresholds, token map, attention mode) have no key and are
+allowed in ``extra_args``."""
+PROFILE_KEYS: tuple[str, ...] = (
+    "description", "launcher", "model_path", "tp_size", "speculative", "mem_fraction_static",
+    "extra_args", "env", "python", "server_module", "image", "shm_size", "volumes", "network",
+    "gpus", "host", "port", "startup_timeout", "warmup_requests", "api_key_env",
+    "binary", "threads", "ctx_size", "parallel",
+)  # fmt: skip
+LLAMACPP_ONLY_KEYS: tuple[str, ...] = ("binary", "threads", "ctx_size", "parallel")
+SGLANG_ONLY_KEYS: tuple[str, ...] = (
+    "tp_size", "mem_fraction_static", "python", "server_module", "image", "shm_size", "volumes",
+    "network",
+)  # fmt: skip
+"""Keys that mean nothing to the other kind of server: refused in a profile's own table,
+ignored when inherited from ``[defaults]`` (which a file's SGLang and llama.cpp profiles
+share)."""
+SPECULATIVE_KEYS: tuple[str, ...] = (
+    "algorithm", "draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens",
+)  # fmt: skip
+TOP_LEVEL_KEYS: tuple[str, ...] = ("defaults", "env", "profiles", "targets", "workloads")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # also a valid docker container name part
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_ENV = re.compile(
+    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS|API_KEY|ACCESS_KEY|SECRET_KEY)$", re.I
+)
+_SHM_SIZE = re.compile(r"^\d+(b|[kmg]b?)?$", re.I)
+
 # -- loading ----------------------------------------------------------------------------------
 
 
-def load(path: Path, *, target: str = TARGET_REAL) -> ProfileFile:
-    """See :func:`pytest_specdecode.profiles.load_profiles`."""
+def load_profiles(path: Path, *, target: str = TARGET_REAL) -> ProfileFile:
+    """Load and validate a profile file; return the profiles of ``target``.
+
+    ``target`` ``"real"`` applies no overlay; any other name must be a ``[targets.NAME]``
+    table. Every profile is built under every target, so a mistake in an overlay surfaces on
+    any run, not only on the run that uses it. Raises :class:`ConfigError` naming the file, the
+    table, the key, the bad value and what is allowed.
+    """
+    path = Path(path)
     data = _read_toml(path)
     return _Loader(path, data).load(target)
 
@@ -121,12 +191,12 @@ class _Loader:
                 source=self.where(f"targets.{TARGET_REAL}"),
             )
         for name, overlay in overlays.items():
-            if overlay.get("launcher") == llamacpp.LAUNCHER:
+            if overlay.get("launcher") == LLAMACPP:
                 raise ConfigError(
-                    f'launcher = "{llamacpp.LAUNCHER}" cannot be a target: a llama.cpp server '
+                    f'launcher = "{LLAMACPP}" cannot be a target: a llama.cpp server '
                     "is a profile of its own (its speculative settings, threads and models are "
                     f"llama.cpp's). Define [profiles.NAME] tables with launcher = "
-                    f'"{llamacpp.LAUNCHER}" instead',
+                    f'"{LLAMACPP}" instead',
                     source=self.where(f"targets.{name}"),
                 )
         targets = (TARGET_REAL, *overlays)
@@ -259,7 +329,7 @@ class _Loader:
     ) -> ServerProfile:
         merged = {**defaults, **own}
         where = self.where(f"profiles.{name}")
-        if merged.get("launcher", DEFAULT_LAUNCHER) == llamacpp.LAUNCHER:
+        if merged.get("launcher", DEFAULT_LAUNCHER) == LLAMACPP:
             # llama-server runs on any machine: a target's overlay (which swaps SGLang for the
             # simulated server or a container) does not apply to it.
             return self._build_llamacpp(name, merged, own, where, target)
@@ -270,7 +340,7 @@ class _Loader:
                     where,
                     key,
                     own_layers[key],
-                    f'it is a key of launcher "{llamacpp.LAUNCHER}" profiles only; remove it',
+                    f'it is a key of launcher "{LLAMACPP}" profiles only; remove it',
                 )
             merged.pop(key, None)  # inherited from [defaults]: meant for llama.cpp profiles
         for key, value in overlay.items():
@@ -372,13 +442,13 @@ class _Loader:
                     where,
                     key,
                     own[key],
-                    f'it is an SGLang setting, which launcher "{llamacpp.LAUNCHER}" does not '
+                    f'it is an SGLang setting, which launcher "{LLAMACPP}" does not '
                     "have; remove it (llama-server's own settings: threads, ctx_size, "
                     "parallel, speculative, extra_args)",
                 )
             merged.pop(key, None)  # inherited from [defaults]: meant for the SGLang profiles
         extra_args: tuple[str, ...] = tuple(merged.get("extra_args", ()))
-        llamacpp.check_extra_args(flag_groups(extra_args), where)
+        check_llamacpp_extra_args(flag_groups(extra_args), where)
         spec = merged.get("speculative")
         env_sets: tuple[str, ...] = merged.get("env", ())
         options = LlamaCppOptions(
@@ -391,7 +461,7 @@ class _Loader:
         return ServerProfile(
             name=name,
             description=merged.get("description", ""),
-            launcher=llamacpp.LAUNCHER,
+            launcher=LLAMACPP,
             model_path=merged["model_path"],
             extra_args=extra_args,
             env_sets=env_sets,
@@ -590,12 +660,12 @@ def _speculative(raw: _SpeculativeTable) -> Speculative:
     """SGLang's speculative settings."""
     value, where, key = raw.table, raw.where, "speculative"
     _check_keys(value, SPECULATIVE_KEYS, where, what="key of speculative")
-    if "algorithm" in value and str(value["algorithm"]).lower() in llamacpp.SPEC_TYPES:
+    if "algorithm" in value and str(value["algorithm"]).lower() in LLAMACPP_SPEC_TYPES:
         _fail(
             where,
             f"{key}.algorithm",
             value["algorithm"],
-            f'that is a llama.cpp --spec-type; set launcher = "{llamacpp.LAUNCHER}" for a '
+            f'that is a llama.cpp --spec-type; set launcher = "{LLAMACPP}" for a '
             f"llama-server profile, or use one of SGLang's: {', '.join(SPEC_ALGORITHMS)}",
         )
     if "algorithm" not in value:
@@ -648,7 +718,7 @@ def _speculative(raw: _SpeculativeTable) -> Speculative:
 
 
 def _llamacpp_speculative(raw: _SpeculativeTable) -> LlamaCppSpeculative:
-    """llama.cpp's speculative settings (:func:`llamacpp.check_speculative`), after the
+    """llama.cpp's speculative settings (:func:`check_speculative`), after the
     mistakes of someone who knows SGLang's: its step keys and its algorithm names."""
     sglang_keys = [name for name in SPECULATIVE_KEYS[2:] if name in raw.table]
     if sglang_keys:
@@ -664,11 +734,11 @@ def _llamacpp_speculative(raw: _SpeculativeTable) -> LlamaCppSpeculative:
             raw.where,
             "speculative.algorithm",
             algorithm,
-            f"SGLang's names do not apply to launcher {llamacpp.LAUNCHER!r}: EAGLE3 is "
+            f"SGLang's names do not apply to launcher {LLAMACPP!r}: EAGLE3 is "
             "'draft-eagle3', STANDALONE is 'draft-simple', NGRAM is one of the ngram-* types; "
-            f"choose one of {', '.join(llamacpp.SPEC_TYPES)}",
+            f"choose one of {', '.join(LLAMACPP_SPEC_TYPES)}",
         )
-    return llamacpp.check_speculative(raw.table, raw.where)
+    return check_speculative(raw.table, raw.where)
 
 
 def _positive(value: object, key: str, where: str) -> int:

@@ -27,20 +27,20 @@ import filelock
 from pytest_specdecode import __version__
 from pytest_specdecode.errors import SpecdecodeError
 from pytest_specdecode.metrics import METRICS
-from pytest_specdecode.reports import (
+from pytest_specdecode.outputs.json_report import (
     finite_json,
     iso_utc,
     metric_summary,
     normalized_session,
     parse_iso,
 )
-from pytest_specdecode.session import TestResult
+from pytest_specdecode.result import SpecdecodeResult
 from pytest_specdecode.verdict import Outcome
 
 HISTORY_SCHEMA_VERSION = 1
 """Version of a history line's layout; a reader refuses lines of a newer version."""
 
-HISTORY_SCHEMA_PATH = Path(__file__).parent / "schemas" / "history.schema.json"
+HISTORY_SCHEMA_PATH = Path(__file__).parents[1] / "schemas" / "history.schema.json"
 
 _REMEDY = (
     "each line must be one session's JSON record written by pytest-specdecode; fix or delete "
@@ -98,7 +98,7 @@ def _check_record(check: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _test_record(result: TestResult) -> dict[str, Any]:
+def _test_record(result: SpecdecodeResult) -> dict[str, Any]:
     metrics = {}
     for name, values in result.samples.items():
         if values:
@@ -123,7 +123,7 @@ def _test_record(result: TestResult) -> dict[str, Any]:
 
 
 def history_record(
-    results: Sequence[TestResult], *, session_info: Mapping[str, Any]
+    results: Sequence[SpecdecodeResult], *, session_info: Mapping[str, Any]
 ) -> dict[str, Any]:
     """One session's line: time (``finished_utc`` of ``session_info``, else now), commit,
     hardware (keys, and GPU names and driver from the first result's provenance), target, exit

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from pytest_specdecode.launch.base import ServerIdentity, redact_argv, wait_port_free
+from pytest_specdecode.servers.launcher import ServerIdentity, redact_argv, wait_port_free
 
 
 class SubprocessLauncher:

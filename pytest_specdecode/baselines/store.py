@@ -1,6 +1,6 @@
 """The baseline store: one reviewable JSON file per test and hardware key.
 
-Each file holds one :class:`~pytest_specdecode.baseline_record.BaselineRecord`, pretty-printed
+Each file holds one :class:`~pytest_specdecode.baselines.record.BaselineRecord`, pretty-printed
 with sorted keys and one sample per line, so ``git diff`` of a re-recorded baseline is a review.
 
 Layout (see :meth:`BaselineStore.path_for`)::
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import filelock
 
-from pytest_specdecode.baseline_record import (
+from pytest_specdecode.baselines.record import (
     BaselineFileError,
     BaselineRecord,
     check_fingerprint,
@@ -31,6 +31,7 @@ from pytest_specdecode.baseline_record import (
 )
 from pytest_specdecode.errors import BaselineError
 from pytest_specdecode.files import atomic_write_text, move_aside, remove_stale_temp_files
+from pytest_specdecode.stats import describe
 
 METRIC_UNITS: Mapping[str, str] = {
     "tok_s": "tok/s",
@@ -324,29 +325,43 @@ class BaselineStore:
         return old, None, None
 
 
+NOISE_HINT = (
+    "(--specdecode-max-baseline-cv, ini specdecode_max_baseline_cv). A noisy baseline hides real "
+    "regressions: find the noise source or record more runs. To record it anyway, pass "
+    "--specdecode-force-baseline."
+)
+
+
+def noise_problem(
+    samples: Mapping[str, Sequence[float]], max_cv: float, metrics: Sequence[str] = ("tok_s",)
+) -> str | None:
+    """Why these samples are too noisy to become a baseline, or None. The one rule, applied
+    when a test measures with ``--update-baselines`` (so the test says so) and again when the
+    file is written (so no other path records a noisy baseline)."""
+    for name in metrics:
+        values = samples.get(name)
+        if not values:
+            continue  # e.g. accept_length of a profile without speculation
+        summary = describe(values)
+        if summary.cv is not None and summary.cv <= max_cv:
+            continue
+        if summary.cv is not None:
+            return (
+                f"{name} has a CV of {summary.cv:.1%} over {summary.n} runs, above the limit of "
+                f"{max_cv:.1%}"
+            )
+        if summary.n == 1:
+            return f"the noise of {name} cannot be judged from 1 run"
+        return f"the CV of {name} is undefined (mean 0 over {summary.n} runs)"
+    return None
+
+
 def _refuse_noisy(
     record: BaselineRecord, path: Path, max_cv: float, metrics: Sequence[str]
 ) -> None:
-    for name in metrics:
-        if name not in record.samples:
-            continue  # e.g. accept_length of a profile without speculation
-        summary = record.metric(name).summary()
-        n, cv = summary["n"], summary["cv"]
-        if cv is not None and cv <= max_cv:
-            continue
-        if cv is not None:
-            measured = (
-                f"{name} has a CV of {cv * 100:.1f}% over {n} runs, above the limit of "
-                f"{max_cv * 100:.1f}%"
-            )
-        elif n == 1:
-            measured = f"the noise of {name} cannot be judged from 1 run"
-        else:
-            measured = f"the CV of {name} is undefined (mean 0 over {n} runs)"
+    problem = noise_problem(record.samples, max_cv, metrics)
+    if problem is not None:
         raise BaselineError(
-            f"refusing to record the baseline of {record.test_id}: {measured} "
-            "(--specdecode-max-baseline-cv, ini specdecode_max_baseline_cv). A noisy baseline "
-            "hides real regressions: find the noise source or record more runs. To record it "
-            "anyway, pass --specdecode-force-baseline.",
+            f"refusing to record the baseline of {record.test_id}: {problem} {NOISE_HINT}",
             path=str(path),
         )

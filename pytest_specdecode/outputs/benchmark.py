@@ -22,7 +22,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from pytest_specdecode.session import TestResult
+from pytest_specdecode.result import SpecdecodeResult
 
 
 def wants_export(benchmark_session: Any) -> bool:
@@ -34,7 +34,7 @@ def wants_export(benchmark_session: Any) -> bool:
     )
 
 
-def add_result(benchmark_session: Any, result: TestResult) -> bool:
+def add_result(benchmark_session: Any, result: SpecdecodeResult) -> bool:
     """Append ``result``'s runs to pytest-benchmark's session; False if there is nothing to add."""
     from pytest_benchmark.stats import Metadata
 

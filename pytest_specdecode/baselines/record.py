@@ -4,7 +4,7 @@ A baseline keeps everything a later comparison needs to be trusted: the raw per-
 (never only their summary), the summary for human readers, the workload hash, the profile
 fingerprint (hard and soft fields), and provenance (time, git commit, versions, GPUs, the
 speed-relevant environment variables with secrets redacted). Where the files live and how they
-are written is :mod:`pytest_specdecode.baselines`.
+are written is :mod:`pytest_specdecode.baselines.store`.
 
 Decisions where the design was silent:
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +30,13 @@ from pytest_specdecode import __version__
 from pytest_specdecode.errors import BaselineError
 from pytest_specdecode.fingerprint import FieldDifference, Fingerprint, JSONValue
 from pytest_specdecode.redaction import redact_json
+from pytest_specdecode.stats import describe
 
 SCHEMA_VERSION = 1
 """Version of the baseline file layout; bumped whenever a reader of the old layout would
 misread the new one."""
 
-SCHEMA_PATH = Path(__file__).parent / "schemas" / "baseline.schema.json"
+SCHEMA_PATH = Path(__file__).parents[1] / "schemas" / "baseline.schema.json"
 """JSON Schema (draft 2020-12) of a baseline file, for editors and CI; the package itself
 validates with :meth:`BaselineRecord.from_json`."""
 
@@ -80,20 +80,17 @@ class MetricSamples:
         return self.summary()["cv"]
 
     def summary(self) -> dict[str, float | None]:
-        """n, mean, std (sample, ddof=1), cv, median, min, max. ``std`` and ``cv`` are ``None``
-        with a single sample: reporting 0 would claim a noise level nobody measured."""
-        values = self.values
-        mean = statistics.fmean(values)
-        std = statistics.stdev(values) if len(values) >= 2 else None
-        cv = std / abs(mean) if std is not None and mean != 0 else None
+        """n, mean, std (sample, ddof=1), cv, median, min, max (:func:`stats.describe`; one run
+        has no std or cv)."""
+        d = describe(self.values)
         return {
-            "n": len(values),
-            "mean": mean,
-            "std": std,
-            "cv": cv,
-            "median": statistics.median(values),
-            "min": min(values),
-            "max": max(values),
+            "n": d.n,
+            "mean": d.mean,
+            "std": d.std,
+            "cv": d.cv,
+            "median": d.median,
+            "min": d.min,
+            "max": d.max,
         }
 
 

@@ -9,13 +9,12 @@ Simulated figures are labelled in the title and on every row.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-from scipy import stats as scipy_stats
 from tabulate import tabulate
 
-from pytest_specdecode.session import TestResult
+from pytest_specdecode.result import SpecdecodeResult
+from pytest_specdecode.stats import describe
 from pytest_specdecode.verdict import Outcome
 
 SIMULATED_BANNER = (
@@ -24,15 +23,10 @@ SIMULATED_BANNER = (
 )
 
 
-def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float | None]:
-    """Mean and the half-width of its t confidence interval (None for a single run)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
-    return mean, half
+def mean_ci(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and the half-width of its 95% t interval (None for a single run)."""
+    d = describe(values)
+    return d.mean, None if d.ci_high is None else d.ci_high - d.mean
 
 
 TABLE_HEADERS = (
@@ -50,7 +44,7 @@ def short_id(test_id: str) -> str:
     return test_id.split("::", 1)[-1]
 
 
-def _tok_s(result: TestResult) -> str:
+def _tok_s(result: SpecdecodeResult) -> str:
     values = result.samples.get("tok_s")
     if not values:
         return "-"
@@ -58,7 +52,7 @@ def _tok_s(result: TestResult) -> str:
     return f"{mean:.1f}" if half is None else f"{mean:.1f} ± {half:.1f}"
 
 
-def _change(result: TestResult) -> str:
+def _change(result: SpecdecodeResult) -> str:
     for check in result.checks:
         if check["metric"] == "tok_s" and check["reference"] is None and "ratio" in check:
             ratio, low, high = check["ratio"], check["ci_low"], check["ci_high"]
@@ -66,14 +60,14 @@ def _change(result: TestResult) -> str:
     return "-"
 
 
-def _accept(result: TestResult) -> str:
+def _accept(result: SpecdecodeResult) -> str:
     values = result.samples.get("accept_length")
     if not values:
         return "-"
     return f"{sum(values) / len(values):.2f}"
 
 
-def _verdict(result: TestResult) -> str:
+def _verdict(result: SpecdecodeResult) -> str:
     text = result.outcome.value.upper()
     against = [c for c in result.checks if c["reference"] is not None and c.get("verdict")]
     for check in against:
@@ -81,7 +75,7 @@ def _verdict(result: TestResult) -> str:
     return text
 
 
-def table_rows(results: Sequence[TestResult]) -> list[list[str]]:
+def table_rows(results: Sequence[SpecdecodeResult]) -> list[list[str]]:
     """The table's cells, one row per result, columns :data:`TABLE_HEADERS`; shared by the
     terminal table and the Markdown summary so the two never disagree."""
     return [
@@ -98,7 +92,7 @@ def table_rows(results: Sequence[TestResult]) -> list[list[str]]:
     ]
 
 
-def results_table(results: Sequence[TestResult]) -> list[str]:
+def results_table(results: Sequence[SpecdecodeResult]) -> list[str]:
     """The summary table as lines (empty when nothing was measured)."""
     if not results:
         return []
@@ -111,7 +105,7 @@ def results_table(results: Sequence[TestResult]) -> list[str]:
     return lines
 
 
-def details(results: Sequence[TestResult]) -> list[str]:
+def details(results: Sequence[SpecdecodeResult]) -> list[str]:
     """The verdict paragraphs of tests that did not simply pass, plus their warnings."""
     lines: list[str] = []
     for result in results:

@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specdecode.errors import SpecdecodeError
-from pytest_specdecode.history import append_history, history_record
-from pytest_specdecode.markdown import markdown_summary, write_markdown
-from pytest_specdecode.reports import build_report, write_report
-from pytest_specdecode.session import TestResult
+from pytest_specdecode.outputs.history import append_history, history_record
+from pytest_specdecode.outputs.json_report import build_report, write_report
+from pytest_specdecode.outputs.markdown import markdown_summary, write_markdown
+from pytest_specdecode.result import SpecdecodeResult
 from pytest_specdecode.settings import Settings
 
 
 def write_outputs(
-    results: Sequence[TestResult],
+    results: Sequence[SpecdecodeResult],
     *,
     settings: Settings,
     session_info: Mapping[str, Any],

@@ -13,7 +13,7 @@ A profile file describes a llama.cpp server with the keys every profile has (``m
 ``algorithm`` is a ``--spec-type``; the tests' automatic marker follows :data:`SPEC_TYPES`.
 The launcher always passes ``--metrics`` (the backend reads the accept length from the
 Prometheus counters), ``--host`` and ``--port``. The checks of a llama.cpp ``speculative`` table
-and ``extra_args`` are here; the rest of the loading is :mod:`pytest_specdecode.profile_loader`'s,
+and ``extra_args`` are here; the rest of the loading is :mod:`pytest_specdecode.profiles.loader`'s,
 and the server side (HTTP, counters) is :mod:`pytest_specdecode.backends`'.
 """
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from pytest_specdecode.config_values import check_keys, fail, integer, string
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.profiles.values import check_keys, fail, integer, string
 
 LAUNCHER = "llamacpp"
 BINARY_ENV = "SPECDECODE_LLAMA_SERVER"
@@ -53,7 +53,7 @@ separate draft model is ``standalone``, an MTP head in the target is ``nextn``).
 DRAFT_MODEL_TYPES = frozenset({"draft-eagle3", "draft-simple"})
 """Types that need ``draft_model_path`` (``-md``); the others draft without a draft model."""
 
-FIRST_CLASS_FLAGS: Mapping[str, str] = MappingProxyType(
+LLAMACPP_FIRST_CLASS_FLAGS: Mapping[str, str] = MappingProxyType(
     {
         "-m": "model_path",
         "--model": "model_path",
@@ -170,14 +170,14 @@ class LlamaCppOptions:
         return hard, soft
 
 
-SPECULATIVE_KEYS = ("algorithm", "draft_model_path", "draft_n_max", "draft_n_min")
+LLAMACPP_SPECULATIVE_KEYS = ("algorithm", "draft_model_path", "draft_n_max", "draft_n_min")
 
 
 def check_speculative(table: Mapping[str, object], where: str) -> LlamaCppSpeculative:
     """A ``speculative`` table of a llama.cpp profile; ``algorithm`` is a ``--spec-type``
     (any case). ``ConfigError`` naming ``where``, the key, the value and what is allowed."""
     key = "speculative"
-    check_keys(table, SPECULATIVE_KEYS, where, what="key of speculative")
+    check_keys(table, LLAMACPP_SPECULATIVE_KEYS, where, what="key of speculative")
     types = ", ".join(SPEC_TYPES)
     if "algorithm" not in table:
         fail(where, key, dict(table), f"needs algorithm = one of {types} (a --spec-type)")
@@ -220,7 +220,7 @@ def check_extra_args(groups: Sequence[tuple[str, tuple[str, ...]]], where: str) 
     """``extra_args`` of a llama.cpp profile, as ``(flag, values)`` groups: none of the flags
     its keys set, no knobs of the simulated SGLang server."""
     for flag, _ in groups:
-        field_name = FIRST_CLASS_FLAGS.get(flag)
+        field_name = LLAMACPP_FIRST_CLASS_FLAGS.get(flag)
         if field_name is not None:
             if field_name == "api_key_env":
                 instead = 'api_key_env = "NAME_OF_AN_ENVIRONMENT_VARIABLE"'

@@ -22,30 +22,20 @@ import httpx
 
 from pytest_specdecode.errors import ServerStartError, ServerTimeoutError
 
-# (substring of a log line, the phase it starts), in the order SGLang prints them
-# (sglang-api.md §4 "Startup" and §1.1). The last match wins, so the order only documents.
-SGLANG_PHASES: tuple[tuple[str, str], ...] = (
-    ("Load weight begin", "loading weights"),
-    ("Load weight end", "allocating the KV cache"),
-    ("Capture cuda graph begin", "capturing CUDA graphs"),
-    ("Capture draft cuda graph begin", "capturing draft CUDA graphs"),
-    ("Capture draft cuda graph end", "capturing CUDA graphs"),
-    ("Capture cuda graph end", "starting the HTTP server"),
-    ("Uvicorn running on", "warming up"),
-    ("ready to roll", "ready"),
-    ("Initialization failed", "failed"),
-)
-
 LOG_TAIL_LINES = 50
 
 
 class LogTail:
-    """Follows a growing log file: the current phase and the last lines, read incrementally."""
+    """Follows a growing log file: the current phase and the last lines, read incrementally.
+
+    ``phases`` are (substring of a log line, the phase it starts), the server kind's own
+    (:mod:`pytest_specdecode.backends`); without them only the tail is followed.
+    """
 
     def __init__(
         self,
         path: Path,
-        phases: Sequence[tuple[str, str]] = SGLANG_PHASES,
+        phases: Sequence[tuple[str, str]] = (),
         keep: int = 200,
     ) -> None:
         self.path = path

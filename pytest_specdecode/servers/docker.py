@@ -44,8 +44,8 @@ import requests.exceptions
 from docker.models.containers import Container
 
 from pytest_specdecode.errors import ServerStartError
-from pytest_specdecode.launch.base import ServerIdentity, redact_argv, wait_port_free
 from pytest_specdecode.redaction import is_secret_name
+from pytest_specdecode.servers.launcher import ServerIdentity, redact_argv, wait_port_free
 
 log = logging.getLogger(__name__)
 

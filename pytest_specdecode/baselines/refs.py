@@ -1,0 +1,102 @@
+"""Which stored samples a test compares with: its own baseline and, for ``against=``, another
+profile's, each checked before any comparison.
+
+A reference resolves to a :class:`~pytest_specdecode.verdict.BaselineRef`: samples to compare
+with, or the reason there are none (no baseline yet, an unreadable file, a hard fingerprint
+mismatch, a changed workload). A hard mismatch is never compared silently; a soft one (another
+SGLang version, driver) is compared with a warning. The lookup never calls back into the
+session: everything it needs is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pytest_specdecode.baselines.record import BaselineRecord, check_fingerprint
+from pytest_specdecode.baselines.store import BaselineStore
+from pytest_specdecode.errors import BaselineError
+from pytest_specdecode.fingerprint import Fingerprint
+from pytest_specdecode.verdict import BaselineRef
+
+OWN = None
+"""The key of a test's own baseline among its references (others are keyed by profile name)."""
+
+
+@dataclass(frozen=True)
+class BaselineLookup:
+    """Resolves a test's references on one hardware key for one workload."""
+
+    store: BaselineStore
+    hardware_key: str
+    workload_name: str
+    workload_hash: str
+
+    def resolve(
+        self,
+        test_id: str,
+        fingerprint: Fingerprint,
+        others: Mapping[str, Fingerprint] | None = None,
+    ) -> tuple[dict[str | None, BaselineRef], list[str]]:
+        """The test's own reference (key :data:`OWN`) and one per profile in ``others`` (name →
+        that profile's fingerprint), with the warnings of soft fingerprint differences."""
+        warnings: list[str] = []
+        refs: dict[str | None, BaselineRef] = {OWN: self._own(test_id, fingerprint, warnings)}
+        for name, other in (others or {}).items():
+            refs[name] = self._other(name, other, warnings)
+        return refs, warnings
+
+    def _own(self, test_id: str, fingerprint: Fingerprint, warnings: list[str]) -> BaselineRef:
+        label = "its own baseline"
+        path = str(self.store.path_for(self.hardware_key, test_id))
+        try:
+            record = self.store.load(self.hardware_key, test_id)
+        except BaselineError as exc:
+            return BaselineRef(label, None, path, str(exc), mismatch=True)
+        missing = (
+            f"no baseline for {test_id} on hardware {self.hardware_key!r} (expected at {path}); "
+            "record one with --update-baselines"
+        )
+        return self._checked(record, label, path, fingerprint, warnings, missing=missing)
+
+    def _other(self, name: str, fingerprint: Fingerprint, warnings: list[str]) -> BaselineRef:
+        found = self.store.find_for_profile(self.hardware_key, name, self.workload_hash)
+        record = max(found, key=lambda r: r.created_unix) if found else None
+        path = str(self.store.path_for(self.hardware_key, record.test_id)) if record else None
+        missing = (
+            f"no stored baseline of profile {name!r} on hardware {self.hardware_key!r} for "
+            f"workload {self.workload_name!r} (hash {self.workload_hash}); run that profile's "
+            "test with --update-baselines first"
+        )
+        return self._checked(
+            record, f"{name}'s baseline", path, fingerprint, warnings, missing=missing
+        )
+
+    def _checked(
+        self,
+        record: BaselineRecord | None,
+        label: str,
+        path: str | None,
+        fingerprint: Fingerprint,
+        warnings: list[str],
+        *,
+        missing: str,
+    ) -> BaselineRef:
+        if record is None:
+            return BaselineRef(label, None, path, missing)
+        check = check_fingerprint(record, fingerprint)
+        if check.hard:
+            return BaselineRef(label, None, path, check.error_message(path or ""), mismatch=True)
+        if record.workload_hash != self.workload_hash:
+            return BaselineRef(
+                label,
+                None,
+                path,
+                f"{path}: recorded with workload hash {record.workload_hash}, this run's workload "
+                f"hashes to {self.workload_hash}: the prompts, output length, concurrency or API "
+                "changed, so the runs are not comparable; re-record with --update-baselines",
+                mismatch=True,
+            )
+        if check.soft:
+            warnings.append(check.warning_message())
+        return BaselineRef(label, record.samples, path)

@@ -1,0 +1,13 @@
+"""What a server IS: the profile file (TOML) → frozen :class:`ServerProfile`s.
+
+``profile`` holds the types and everything derived from one profile (argv, environment,
+fingerprint, the arguments a running server must report); ``loader`` reads and validates the
+file; ``values`` checks single TOML values; ``llamacpp`` is llama.cpp's half of a profile.
+"""
+
+from __future__ import annotations
+
+from pytest_specdecode.profiles.loader import load_profiles
+from pytest_specdecode.profiles.profile import ALGORITHM_MARKERS, ProfileFile, ServerProfile
+
+__all__ = ["ALGORITHM_MARKERS", "ProfileFile", "ServerProfile", "load_profiles"]
