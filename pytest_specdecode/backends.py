@@ -46,21 +46,67 @@ if TYPE_CHECKING:
     from pytest_specdecode.client import MeasurementClient
     from pytest_specdecode.records import RunRecord
 
-# (substring of a log line, the phase it starts), in the order SGLang prints them
-# (sglang-api.md §4 "Startup" and §1.1). The last match wins, so the order only documents.
-SGLANG_PHASES: tuple[tuple[str, str], ...] = (
-    ("Load weight begin", "loading weights"),
-    ("Load weight end", "allocating the KV cache"),
-    ("Capture cuda graph begin", "capturing CUDA graphs"),
-    ("Capture draft cuda graph begin", "capturing draft CUDA graphs"),
-    ("Capture draft cuda graph end", "capturing CUDA graphs"),
-    ("Capture cuda graph end", "starting the HTTP server"),
+# (substring of a log line, the phase it starts[, the phase of its 2nd occurrence]) for SGLang
+# 0.5.6 through 0.5.23, read in their sources and in real 0.5.15's log. The last matching line
+# wins, so the order only documents. Up to 0.5.13 each model loads, allocates its KV cache and
+# captures its graphs in turn (target, then draft); from 0.5.14 both models load first, then
+# both KV caches, then the target's graphs (prefill first), then the draft's. Every TP rank logs
+# the ModelRunner lines; the phase is the same on all of them.
+SGLANG_PHASES: tuple[tuple[str, ...], ...] = (
+    # target, then the draft (0.5.6-0.5.20; "Init parallel begin" from 0.5.21)
+    ("Init torch distributed begin", "initialising torch.distributed", "initialising the draft"),
+    ("Init parallel begin", "initialising torch.distributed", "initialising the draft"),
+    (
+        "Load weight begin",
+        "loading the target model's weights",
+        "loading the draft model's weights",
+    ),
+    ("Load weight end", "weights loaded"),
+    ("KV Cache is allocated", "allocating the KV cache"),  # also "Full KV Cache is allocated"
+    ("FlashInfer autotune", "autotuning FlashInfer kernels"),
+    ("DeepGEMM JIT", "compiling DeepGEMM kernels (JIT)"),
+    ("Compiling a graph for", "compiling with torch.compile"),
+    # <= 0.5.13: one line per model and graph kind
+    ("Capture cuda graph begin", "capturing the target's CUDA graphs"),
+    ("Capture piecewise CUDA graph begin", "capturing the target's piecewise CUDA graphs"),
+    ("Capture draft cuda graph begin", "capturing the draft's CUDA graphs"),
+    ("Capture draft extend cuda graph begin", "capturing the draft's extend CUDA graphs"),
+    # >= 0.5.14: "Capture {target|draft} {prefill|decode|verify|extend} CUDA graph begin"
+    ("Capture target prefill CUDA graph begin", "capturing the target's prefill CUDA graphs"),
+    ("Capture target decode CUDA graph begin", "capturing the target's decode CUDA graphs"),
+    ("Capture target verify CUDA graph begin", "capturing the target's verify CUDA graphs"),
+    ("Capture draft prefill CUDA graph begin", "capturing the draft's prefill CUDA graphs"),
+    ("Capture draft decode CUDA graph begin", "capturing the draft's decode CUDA graphs"),
+    ("Capture draft extend CUDA graph begin", "capturing the draft's extend CUDA graphs"),
+    ("] max_total_num_tokens=", "starting the HTTP server"),
+    # /health answers 503 from here until the warm-up /generate has returned (a 1-token
+    # generate per probe, about 1 s each, on real 0.5.15)
     ("Uvicorn running on", "warming up"),
-    ("ready to roll", "ready"),
-    ("Initialization failed", "failed"),
+    ("fired up and ready to roll", "ready"),
 )
+# No phase for failure lines ("Initialization failed", "Received sigquit"): a server that dies
+# is reported with the phase it died in, which the line before its traceback set.
 
-LLAMACPP_PHASES: tuple[tuple[str, str], ...] = (
+SGLANG_PORT_RANGE = (10000, 20800)
+"""Main ports every SGLang 0.5.6-0.5.23 accepts and that do not collide with the ports it picks
+itself (sglang-api.md §5, read in the releases' ``srt/server_args.py``):
+
+* 0.5.11-0.5.15 derive a gRPC port ``port + 10000`` even with gRPC off and refuse a main port
+  above 55535 (``SGLANG_GRPC_PORT (66661) must be between 1 and 65535``: 2 of 10 random ports
+  died on an H200);
+* the NCCL/TCPStore port is ``port + randint(100, 1000)`` (0.5.6-0.5.8), an OS ephemeral port
+  (0.5.9-0.5.21, Linux 32768-60999) or a random port in 22000-29999 (0.5.22+), and TP > 1 binds
+  ZMQ ports in 49152-65535: a main port in those ranges could be taken before the server binds
+  it, which it does last, after the load;
+* 6789, 8998 and 29600 are SGLang's fixed bootstrap and store ports (special modes only).
+"""
+
+SGLANG_DP_ATTENTION_OFFSETS = (13, *range(233, 240))
+"""With ``--enable-dp-attention`` SGLang binds ``port + 13`` (the DP handshake) and ``port + 233``
+to ``port + 239`` (ZMQ over TCP) as well, and fails if they are taken."""
+
+
+LLAMACPP_PHASES: tuple[tuple[str, ...], ...] = (
     ("load_model: loading model", "loading the model"),
     ("loading draft model", "loading the draft model"),
     ("load_model: initializing, n_slots", "allocating slots and the KV cache"),
@@ -94,7 +140,7 @@ class Backend(Protocol):
     def name(self) -> str: ...
 
     @property
-    def log_phases(self) -> Sequence[tuple[str, str]]:
+    def log_phases(self) -> Sequence[tuple[str, ...]]:
         """(substring of a log line, the loading phase it starts), for the progress line."""
         ...
 
@@ -110,6 +156,15 @@ class Backend(Protocol):
 
     def adapter(self, api: str, *, model: str | None = None) -> ProtocolAdapter:
         """The protocol adapter for a workload's ``api``."""
+        ...
+
+    @property
+    def port_range(self) -> tuple[int, int] | None:
+        """Where a launch port must lie for this server kind (None: any free port)."""
+        ...
+
+    def derived_ports(self, port: int) -> tuple[int, ...]:
+        """The other ports a server launched on ``port`` binds, which must be free too."""
         ...
 
     def server_info(self, client: MeasurementClient) -> dict[str, Any]:
@@ -161,6 +216,15 @@ class SglangBackend:
 
     def adapter(self, api: str, *, model: str | None = None) -> ProtocolAdapter:
         return adapter_for(api, model=model)
+
+    port_range = SGLANG_PORT_RANGE
+
+    def derived_ports(self, port: int) -> tuple[int, ...]:
+        """None in the common case: single-node SGLang talks to its own processes over IPC
+        files; with ``--enable-dp-attention`` :data:`SGLANG_DP_ATTENTION_OFFSETS`."""
+        if "--enable-dp-attention" in self.profile.extra_args:
+            return tuple(port + offset for offset in SGLANG_DP_ATTENTION_OFFSETS)
+        return ()
 
     def server_info(self, client: MeasurementClient) -> dict[str, Any]:
         """``GET /server_info`` (SGLang >= 0.5.5), falling back to ``/get_server_info``."""
@@ -337,6 +401,11 @@ class LlamaCppBackend:
         if api not in APIS:
             raise ConfigError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
         return LlamaCppCompletions(streaming=api.endswith("-stream"), model=model)
+
+    port_range = None  # llama-server binds one port and derives none: any free port
+
+    def derived_ports(self, port: int) -> tuple[int, ...]:
+        return ()
 
     def server_info(self, client: MeasurementClient) -> dict[str, Any]:
         """``/props`` and ``/slots`` in one dict: ``backend``, ``version`` (``build_info``),

@@ -15,12 +15,24 @@ Definitions (n requests; c_i completion tokens; run wall time W = run t_end - ru
   started together it is bench_one_batch_server's ``bs·output_len / (latency - ttft)``.
   (This refines docs/architecture.md's "wall time - mean TTFT", which for several sequential
   requests would still count all but one TTFT as decode time.) Streaming runs only.
-* ``accept_length`` = Σ c_i / Σ spec_verify_ct_i over the run's requests (the verify-weighted
-  mean, SGLang PR #34743; includes the bonus token and the first, prefill token). Present only
-  when every request reports ``spec_verify_ct > 0``; a run where some requests report it and
-  others do not is an error (the requests did not all reach the same server). llama-server
-  reports no per-request verification steps; its backend adds the run's accept length from the
-  server's counters instead (:mod:`pytest_specdecode.backends`).
+* ``accept_length`` = Σ (c_i - 1) / Σ spec_verify_ct_i: the tokens the verify steps produced
+  per verify step, SGLang's own definition (the ``accept len`` of its ``Decode batch`` log line
+  and the ``sglang:spec_accept_length`` gauge: accepted drafts plus the bonus token, per verify).
+  Each request's first token comes from prefill, without a verify step, so it is left out: a
+  draft that is always accepted at 2 steps gives exactly 3.00 at any output length. It is
+  present only when the server speculates (some request reports ``spec_verify_ct``). A request
+  without the field counts as 0 verify steps when it produced at most one token (SGLang 0.5.23
+  omits ``spec_*`` for a request that never reached a verify step); one that produced more
+  tokens without it is an error (a non-speculative server answered part of the run).
+* ``spec_accept_length`` = Σ c_i / Σ spec_verify_ct_i: the per-request figure SGLang puts in
+  ``meta_info.spec_accept_length`` (and SGLang's CI asserts on), aggregated verify-weighted
+  (PR #34743). It counts the prefill token as well, so it reads high by c/(c-1) - 1 of the
+  accept length: 3.05 instead of 3.00 at 64 tokens. Recorded beside ``accept_length`` for
+  readers who compare with SGLang's per-request numbers, and because baselines of schema 1
+  stored this figure under the name ``accept_length``. llama-server reports no verification
+  steps per request; its backend adds the run's accept length from the server's counters
+  instead (:mod:`pytest_specdecode.backends`), which is the same definition (1 + accepted
+  drafts per step).
 * ``ttft`` = mean of (t_first_token_i - t_start_i). Streaming runs only.
 * ``tpot`` = mean over requests with c_i > 1 of (e2e_i - ttft_i) / (c_i - 1) (bench_serving).
 * ``itl_p50``, ``itl_p99``: percentiles (numpy's linear interpolation, as bench_serving) over
@@ -63,6 +75,12 @@ METRICS: Mapping[str, MetricInfo] = MappingProxyType(
             MetricInfo("tok_s", "output tok/s", "tok/s", higher_is_better=True),
             MetricInfo("decode_tok_s", "decode tok/s", "tok/s", higher_is_better=True),
             MetricInfo("accept_length", "accept length", "tokens/step", higher_is_better=True),
+            MetricInfo(
+                "spec_accept_length",
+                "accept length per request",
+                "tokens/step",
+                higher_is_better=True,
+            ),
             MetricInfo("ttft", "TTFT", "ms", higher_is_better=False, display_scale=1000.0),
             MetricInfo("tpot", "TPOT", "ms", higher_is_better=False, display_scale=1000.0),
             MetricInfo("itl_p50", "ITL p50", "ms", higher_is_better=False, display_scale=1000.0),
@@ -105,7 +123,7 @@ def compute_run_metrics(run: RunRecord) -> RunMetrics:
     found: dict[str, float | None] = {
         "tok_s": total_tokens / run.wall_s,
         "decode_tok_s": _decode_tok_s(records),
-        "accept_length": _accept_length(records, run.run_index),
+        **_accept_lengths(records, run.run_index),
         "ttft": _ttft(records),
         "tpot": _tpot(records),
     }
@@ -150,21 +168,32 @@ def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def _accept_length(records: tuple[RequestRecord, ...], run_index: int) -> float | None:
-    reporting = [record for record in records if record.spec_verify_ct is not None]
-    if not reporting:
-        return None
-    if len(reporting) != len(records):
+def _accept_lengths(records: tuple[RequestRecord, ...], run_index: int) -> dict[str, float]:
+    """``accept_length`` and ``spec_accept_length`` of a run (both absent without speculation)."""
+    if all(record.spec_verify_ct is None for record in records):
+        return {}
+    unverified = [
+        record
+        for record in records
+        if record.spec_verify_ct is None and record.completion_tokens > 1
+    ]
+    if unverified:
         raise RequestError(
-            f"run {run_index}: {len(reporting)} of {len(records)} requests reported "
-            f"spec_verify_ct and {len(records) - len(reporting)} did not; one speculative server "
-            f"reports it on every request. Are the requests reaching different servers (a load "
-            f"balancer, a restart mid-run)? Measure one server directly."
+            f"run {run_index}: {len(unverified)} of {len(records)} requests produced more than "
+            f"one token without reporting spec_verify_ct, while the others did; a speculative "
+            f"SGLang server reports it on every request that reached a verify step. Are the "
+            f"requests reaching different servers (a load balancer, a restart mid-run)? "
+            f"Measure one server directly."
         )
-    verify_steps = [record.spec_verify_ct or 0 for record in records]
-    if min(verify_steps) <= 0:
-        return None
-    return sum(record.completion_tokens for record in records) / sum(verify_steps)
+    verify_steps = sum(record.spec_verify_ct or 0 for record in records)
+    if verify_steps <= 0:
+        return {}
+    produced = sum(record.completion_tokens for record in records)
+    first_tokens = sum(1 for record in records if record.completion_tokens > 0)
+    return {
+        "accept_length": (produced - first_tokens) / verify_steps,
+        "spec_accept_length": produced / verify_steps,
+    }
 
 
 def _ttft(records: tuple[RequestRecord, ...]) -> float | None:

@@ -98,6 +98,7 @@ class SpecdecodeSession:
             run_id=run_id,
             worker=worker,
             keep_alive=settings.keep_server,
+            preflight=not settings.skip_preflight,
             env=self.env,
             on_event=emit,
             on_progress=progress,
@@ -340,7 +341,12 @@ class SpecdecodeSession:
         info: Mapping[str, Any],
     ) -> list[str]:
         attached = handle.origin == "attached"
-        mismatches = backend.compare_args(profile, info, attached=attached)
+        found = backend.compare_args(profile, info, attached=attached)
+        # A field this release does not report is not checked, never a reason to refuse it.
+        unchecked = [m.field for m in found if not m.reported and not m.required]
+        mismatches = [m for m in found if m.reported or m.required]
+        version = info.get("version")
+        release = f"{backend.name} {version}" if version else f"this {backend.name} server"
         if not attached:
             if mismatches:
                 raise ServerMismatchError(
@@ -352,10 +358,17 @@ class SpecdecodeSession:
                 )
             return []
         warnings = [f"attached to {handle.base_url}: {backend.unverifiable(profile)}"]
+        if unchecked:
+            warnings.append(
+                f"attached to {handle.base_url}: {release} does not report "
+                f"{', '.join(unchecked)} in its server info, so the profile's "
+                f"{'value was' if len(unchecked) == 1 else 'values were'} not checked"
+            )
         if mismatches:
             text = (
-                f"the server at {handle.base_url} does not run profile {profile.name!r} "
-                f"({profile.source}): " + "; ".join(m.describe() for m in mismatches)
+                f"the server at {handle.base_url} ({release}) does not run profile "
+                f"{profile.name!r} ({profile.source}): "
+                + "; ".join(m.describe() for m in mismatches)
             )
             if not self.settings.allow_mismatch:
                 raise ServerMismatchError(

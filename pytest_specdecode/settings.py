@@ -163,6 +163,15 @@ OPTIONS: tuple[Option, ...] = (
         is_flag=True,
     ),
     Option(
+        "skip_preflight",
+        "--specdecode-skip-preflight",
+        "Launch SGLang without first checking the command with its own argument parser "
+        "(a few seconds per launch, in the server's interpreter)",
+        False,
+        _bool,
+        is_flag=True,
+    ),
+    Option(
         "allow_mismatch",
         "--specdecode-allow-mismatch",
         "With --server-host: warn instead of failing when the server's arguments differ "
@@ -302,6 +311,7 @@ class Settings:
     force_baseline: bool
     baselines: Path
     keep_server: bool
+    skip_preflight: bool
     allow_mismatch: bool
     runs: int
     max_runs: int

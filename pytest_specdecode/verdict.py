@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.stats import Comparison, Verdict, compare
@@ -51,6 +51,7 @@ class BaselineRef:
     path: str | None = None
     problem: str | None = None  # set when samples is None
     mismatch: bool = False  # the problem is a hard fingerprint or workload mismatch
+    notes: Mapping[str, str] = field(default_factory=dict)  # metric -> why it has no samples
 
 
 @dataclass(frozen=True)
@@ -113,12 +114,16 @@ def evaluate(
         if not values:
             problem = (
                 f"this run produced no {threshold.metric} values (accept length needs a "
-                "speculative server; TTFT and ITL need a streaming workload)"
+                "speculative server, and SGLang before 0.5.19 reports no speculative details "
+                'on its OpenAI-compatible routes: use a workload with api = "generate"; TTFT '
+                "and ITL need a streaming workload)"
             )
             checks.append(Check(threshold, ref, None, problem))
             continue
         if not stored:
             problem = f"the baseline {ref.path or ''} has no {threshold.metric} samples"
+            if threshold.metric in ref.notes:
+                problem += f": {ref.notes[threshold.metric]}"
             checks.append(Check(threshold, ref, None, problem.replace("  ", " ")))
             continue
         comparison = compare(

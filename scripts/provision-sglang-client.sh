@@ -11,6 +11,13 @@
 # packages; those are installed at the versions sglang's own metadata pins (openai==2.6.1 and
 # transformers==4.57.1 for 0.5.6), so the client code runs against what it was released with.
 #
+# Beside the venv, once: the argument code of SGLang releases 0.5.6, 0.5.15 and 0.5.23
+# (src_versions below), unpacked from their wheels into $cache/sglang-src/<version>/sglang/ with a
+# minimal sglang-<version>.dist-info, for the preflight's contract tests
+# (tests/contract/test_preflight.py run it with everything else stubbed: scripts/sglang_stubs.py).
+# If that fails, the venv is still printed and those tests skip (or fail under
+# SPECDECODE_REQUIRE_SGLANG_CLIENT=1).
+#
 # Environment: SPECDECODE_CACHE (default ~/.cache/pytest-specdecode), SGLANG_CLIENT_VERSION,
 # SGLANG_CLIENT_BASE_PYTHON (the interpreter the venv is made from: python3; 3.10 or newer).
 set -euo pipefail
@@ -27,12 +34,96 @@ base_python="${SGLANG_CLIENT_BASE_PYTHON:-python3}"
 client_packages="aiohttp datasets IPython numpy openai pillow pybase64 pydantic requests tqdm
 transformers"
 check='import sglang.bench_serving, sglang.lang.backend.runtime_endpoint, openai'
+# The releases whose argument code the preflight's contract tests run, and where it goes.
+src_versions="0.5.6 0.5.15 0.5.23"
+src_root="$cache/sglang-src"
 
 die() { echo "provision-sglang-client: $*" >&2; exit 1; }
+warn() { echo "provision-sglang-client: $*" >&2; }
+
+# A release's folder is stamped inside before it is moved into place: a stamped one is complete.
+sources_finished() {
+  local v
+  for v in $src_versions; do
+    [ -f "$src_root/$v/complete" ] || return 1
+  done
+}
+
+# Download each missing release's wheel (its x86_64 CPython 3.11 build whatever this machine is:
+# only its Python sources are used, and 0.5.11+ publish no pure-Python wheel), unpack sglang/srt/
+# (compiled extensions left out: nothing imports them under stubs) plus sglang/__init__.py and
+# sglang/version.py, and write a dist-info that answers importlib.metadata.version("sglang").
+# Uses $python (the venv's, for pip and zipfile). Called in an || list, so set -e does not apply
+# inside: every step that can fail returns 1 itself.
+provision_sources() {
+  local v tmp
+  sources_finished && return 0
+  mkdir -p "$src_root" || return 1
+  if command -v flock >/dev/null 2>&1; then
+    exec 8>"$src_root/.lock"
+    flock 8
+  fi
+  for v in $src_versions; do
+    [ -f "$src_root/$v/complete" ] && continue
+    echo "unpacking sglang==$v's argument code into $src_root/$v (seconds)" >&2
+    tmp=$(mktemp -d "$src_root/.tmp-$v.XXXXXX") || return 1
+    if ! "$python" -m pip download --quiet --disable-pip-version-check --retries 2 --timeout 60 \
+      --no-deps --only-binary=:all: --implementation cp --python-version 3.11 --abi cp311 \
+      --platform manylinux_2_34_x86_64 --dest "$tmp/wheel" "sglang==$v" >&2; then
+      rm -rf "$tmp"
+      warn "'pip download sglang==$v' failed: is the package index reachable?"
+      return 1
+    fi
+    if ! "$python" - "$tmp/wheel" "$tmp/src" "$v" >&2 <<'EOF'; then
+import sys
+import zipfile
+from pathlib import Path
+
+wheel_dir, out, version = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+(wheel,) = wheel_dir.glob(f"sglang-{version}-*.whl")
+top = ("sglang/__init__.py", "sglang/version.py", "sglang/_version.py")
+with zipfile.ZipFile(wheel) as archive:
+    members = [
+        name
+        for name in archive.namelist()
+        if (name.startswith("sglang/srt/") and not name.endswith((".so", ".pyd"))) or name in top
+    ]
+    if "sglang/srt/server_args.py" not in members:
+        sys.exit(f"{wheel.name} has no sglang/srt/server_args.py")
+    archive.extractall(out, members=members)
+    metadata = archive.read(f"sglang-{version}.dist-info/METADATA").decode("utf-8", "replace")
+# Name and Version for importlib.metadata; Requires-Python for the tests to check.
+header = metadata.split("\n\n", 1)[0].splitlines()
+python = [line for line in header if line.startswith("Requires-Python:")]
+dist_info = out / f"sglang-{version}.dist-info"
+dist_info.mkdir()
+(dist_info / "METADATA").write_text(
+    "\n".join(["Metadata-Version: 2.1", "Name: sglang", f"Version: {version}", *python]) + "\n",
+    encoding="utf-8",
+)
+(out / "complete").write_text(f"{wheel.name}\n", encoding="utf-8")
+EOF
+      rm -rf "$tmp"
+      warn "could not unpack sglang==$v's wheel (see above)"
+      return 1
+    fi
+    if ! { rm -rf "${src_root:?}/$v" && mv "$tmp/src" "$src_root/$v"; }; then
+      rm -rf "$tmp"
+      return 1
+    fi
+    rm -rf "$tmp"
+  done
+}
+sources_or_warn() {
+  provision_sources || warn "no SGLang sources in $src_root: the preflight's contract tests" \
+    "(tests/contract/test_preflight.py) will be skipped, or fail under" \
+    "SPECDECODE_REQUIRE_SGLANG_CLIENT=1"
+}
 
 # Finished = stamped, and its interpreter still runs (the base python may have been removed).
 finished() { [ -f "$stamp" ] && [ -x "$python" ] && "$python" -c 'import sys' 2>/dev/null; }
 if finished; then
+  sources_or_warn
   echo "$python"
   exit 0
 fi
@@ -50,6 +141,7 @@ if command -v flock >/dev/null 2>&1; then
   flock 9
 fi
 if finished; then  # another provisioner finished while this one waited for the lock
+  sources_or_warn
   echo "$python"
   exit 0
 fi
@@ -96,4 +188,5 @@ echo "installing $(echo $requirements); pip will then list sglang's server depen
 a package the client needs is missing from client_packages in $0"
 "$python" -m pip freeze --disable-pip-version-check >"$stamp"
 echo "provisioned in $(( $(date +%s) - start ))s" >&2
+sources_or_warn
 echo "$python"

@@ -32,9 +32,25 @@ from pytest_specdecode.fingerprint import FieldDifference, Fingerprint, JSONValu
 from pytest_specdecode.redaction import redact_json
 from pytest_specdecode.stats import describe
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of the baseline file layout; bumped whenever a reader of the old layout would
-misread the new one."""
+misread the new one.
+
+2: ``launch_runs`` (how many of the runs each server launch contributed, in order), and
+``accept_length`` is SGLang's own definition (verify tokens per verify step); schema 1 stored
+the per-request figure under that name, now ``spec_accept_length``. Schema 1 files are still
+read: as one launch, with their ``accept_length`` samples moved to ``spec_accept_length`` (the
+figure they are), so tok/s stays comparable and an accept-length check says to re-record.
+"""
+
+READABLE_SCHEMA_VERSIONS = (1, SCHEMA_VERSION)
+
+LEGACY_ACCEPT_LENGTH_NOTE = (
+    "it was recorded with baseline schema 1, whose accept_length was SGLang's per-request "
+    "figure (first token included, now recorded as spec_accept_length), not SGLang's own "
+    "accept length (verify tokens per verify step) that this version measures; re-record it "
+    "with --update-baselines to compare accept length"
+)
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schemas" / "baseline.schema.json"
 """JSON Schema (draft 2020-12) of a baseline file, for editors and CI; the package itself
@@ -125,7 +141,11 @@ class BaselineRecord:
     samples: Mapping[str, tuple[float, ...]]
     provenance: Mapping[str, JSONValue]
     created_unix: float
-    schema_version: int = SCHEMA_VERSION
+    launch_runs: tuple[int, ...] = ()
+    """Runs per server launch, in order (empty: all runs came from one launch)."""
+    read_from_schema: int = SCHEMA_VERSION
+    """The schema version of the file this record was read from (what is written is always
+    :data:`SCHEMA_VERSION`)."""
 
     def __post_init__(self) -> None:
         if not self.test_id or not self.hardware_key:
@@ -139,10 +159,45 @@ class BaselineRecord:
             except ValueError as exc:
                 raise ValueError(f"samples[{name!r}]: {exc}") from exc
         object.__setattr__(self, "samples", samples)
+        runs = max(len(values) for values in samples.values())
+        launch_runs = tuple(int(n) for n in self.launch_runs) or (runs,)
+        if any(n < 1 for n in launch_runs) or sum(launch_runs) != runs:
+            raise ValueError(
+                f"launch_runs {list(launch_runs)} must be positive counts that add up to the "
+                f"{runs} runs of the samples"
+            )
+        uneven = sorted(name for name, values in samples.items() if len(values) != runs)
+        if uneven and len(launch_runs) > 1:
+            raise ValueError(
+                f"samples of {', '.join(uneven)} do not have one value per run ({runs}), so "
+                "they cannot be split into launches"
+            )
+        object.__setattr__(self, "launch_runs", launch_runs)
         provenance = _json_copy(dict(self.provenance), "provenance")
         object.__setattr__(self, "provenance", redact_json(provenance))
         object.__setattr__(self, "fingerprint", _redacted_fingerprint(self.fingerprint))
         object.__setattr__(self, "created_unix", float(self.created_unix))
+
+    @property
+    def schema_version(self) -> int:
+        return SCHEMA_VERSION
+
+    def launches(self, metric: str) -> tuple[tuple[float, ...], ...]:
+        """The samples of ``metric`` split by launch (one group when the lengths differ)."""
+        values = self.samples[metric]
+        if len(self.launch_runs) == 1 or len(values) != sum(self.launch_runs):
+            return (values,)
+        groups, start = [], 0
+        for n in self.launch_runs:
+            groups.append(values[start : start + n])
+            start += n
+        return tuple(groups)
+
+    def missing_metric_note(self, metric: str) -> str | None:
+        """Why this baseline has no samples of ``metric``, when the reason is known."""
+        if metric == "accept_length" and self.read_from_schema == 1:
+            return LEGACY_ACCEPT_LENGTH_NOTE
+        return None
 
     def metric(self, name: str) -> MetricSamples:
         """The samples of one metric; ``KeyError`` if this baseline did not record it."""
@@ -164,6 +219,7 @@ class BaselineRecord:
             "workload_hash": self.workload_hash,
             "fingerprint": self.fingerprint.to_json(),
             "samples": {name: list(values) for name, values in self.samples.items()},
+            "launch_runs": list(self.launch_runs),
             "summary": {name: _readable(summary) for name, summary in self.summary().items()},
             "provenance": dict(self.provenance),
             "created_unix": self.created_unix,
@@ -182,12 +238,13 @@ class BaselineRecord:
                 f"a baseline file holds one JSON object, this one a {type(data).__name__}",
                 path=where,
             )
-        _check_schema_version(data.get("schema_version", None), where)
-        unknown = sorted(set(data) - _FIELDS)
+        version = _check_schema_version(data.get("schema_version", None), where)
+        fields = _FIELDS if version == SCHEMA_VERSION else _FIELDS_V1
+        unknown = sorted(set(data) - fields)
         if unknown:
             raise BaselineFileError(
                 f"unknown field(s) {', '.join(map(repr, unknown))} for schema version "
-                f"{SCHEMA_VERSION} (known: {', '.join(sorted(_FIELDS))}); they would be lost on "
+                f"{version} (known: {', '.join(sorted(fields))}); they would be lost on "
                 "the next update",
                 path=where,
             )
@@ -197,6 +254,9 @@ class BaselineRecord:
         except ValueError as exc:
             raise BaselineFileError(f"field 'fingerprint': {exc}", path=where) from exc
         get.mapping("summary")  # derived; recomputed from the samples, but must be well formed
+        samples = get.samples()
+        if version == 1 and "accept_length" in samples:
+            samples["spec_accept_length"] = samples.pop("accept_length")
         try:
             return cls(
                 test_id=get.text("test_id"),
@@ -206,10 +266,11 @@ class BaselineRecord:
                 workload_name=get.text("workload_name"),
                 workload_hash=get.text("workload_hash"),
                 fingerprint=fingerprint,
-                samples=get.samples(),
+                samples=samples,
                 provenance=get.mapping("provenance"),
                 created_unix=get.number("created_unix"),
-                schema_version=SCHEMA_VERSION,
+                launch_runs=get.counts("launch_runs") if version >= 2 else (),
+                read_from_schema=version,
             )
         except (ValueError, OverflowError) as exc:
             raise BaselineFileError(str(exc), path=where) from exc
@@ -224,7 +285,7 @@ def _readable(summary: Mapping[str, float | None]) -> dict[str, float | None]:
     }
 
 
-_FIELDS = frozenset(
+_FIELDS_V1 = frozenset(
     {
         "schema_version",
         "test_id",
@@ -240,12 +301,18 @@ _FIELDS = frozenset(
         "created_unix",
     }
 )
+_FIELDS = _FIELDS_V1 | {"launch_runs"}
 
 
-def _check_schema_version(version: JSONValue, where: Path | str | None) -> None:
-    if isinstance(version, int) and not isinstance(version, bool) and version == SCHEMA_VERSION:
-        return
-    reads = f"this pytest-specdecode ({__version__}) reads schema version {SCHEMA_VERSION}"
+def _check_schema_version(version: JSONValue, where: Path | str | None) -> int:
+    if (
+        isinstance(version, int)
+        and not isinstance(version, bool)
+        and version in READABLE_SCHEMA_VERSIONS
+    ):
+        return version
+    readable = " and ".join(map(str, READABLE_SCHEMA_VERSIONS))
+    reads = f"this pytest-specdecode ({__version__}) reads schema versions {readable}"
     if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
         advice = (
             "It was written by a newer pytest-specdecode: upgrade the plugin, or re-record the "
@@ -306,6 +373,16 @@ class _FieldReader:
         if not isinstance(value, Mapping):
             raise self._bad(name, "an object", value)
         return value
+
+    def counts(self, name: str) -> tuple[int, ...]:
+        value = self._get(name, "a list of run counts")
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in value)
+        ):
+            raise self._bad(name, "a non-empty list of positive whole numbers", value)
+        return tuple(int(n) for n in value if isinstance(n, int))
 
     def samples(self) -> dict[str, tuple[float, ...]]:
         samples = self.mapping("samples")

@@ -17,6 +17,7 @@ from pytest_specdecode.baselines.record import BaselineRecord, check_fingerprint
 from pytest_specdecode.baselines.store import BaselineStore
 from pytest_specdecode.errors import BaselineError
 from pytest_specdecode.fingerprint import Fingerprint
+from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.verdict import BaselineRef
 
 OWN = None
@@ -99,4 +100,5 @@ class BaselineLookup:
             )
         if check.soft:
             warnings.append(check.warning_message())
-        return BaselineRef(label, record.samples, path)
+        notes = {m: note for m in METRICS if (note := record.missing_metric_note(m)) is not None}
+        return BaselineRef(label, record.samples, path, notes=notes)

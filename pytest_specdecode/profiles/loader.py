@@ -71,14 +71,66 @@ DRAFT_FREE_ALGORITHMS = frozenset({"NEXTN", "NGRAM"})
 DOCKER_NETWORKS: tuple[str, ...] = ("host", "bridge")
 SGLANG_OVERWRITTEN_ENV: Mapping[str, str] = MappingProxyType(
     {
-        "NCCL_CUMEM_ENABLE": "use the flag --enable-symm-mem in extra_args instead",
-        "NCCL_NVLS_ENABLE": "use the flag --enable-nccl-nvls in extra_args instead",
-        "CUDA_DEVICE_MAX_CONNECTIONS": "SGLang always sets it to 4; there is no flag for it",
-        "CUDA_MODULE_LOADING": "SGLang always sets it to AUTO; there is no flag for it",
-        "TORCH_NCCL_AVOID_RECORD_STREAMS": "SGLang sets it to 1; there is no flag for it",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "SGLang 0.5.6-0.5.23 always set it to 8 at startup; there "
+        "is no flag for it",
+        "CUDA_MODULE_LOADING": "SGLang 0.5.6-0.5.18 always set it to AUTO at startup (0.5.19 "
+        "and later leave it alone)",
     }
 )
-"""Set by SGLang at startup (``_set_envs_and_config``), whatever the environment says."""
+"""Variables SGLang overwrites at startup whatever the environment says (``_set_envs_and_config``
+in ``srt/entrypoints/engine.py``, read in 0.5.6-0.5.23). ``NCCL_CUMEM_ENABLE`` and
+``NCCL_NVLS_ENABLE`` are not among them: SGLang sets them to "0" only when they are unset, so a
+profile's value is kept (unless a flag forces "1", see :data:`SGLANG_FLAG_FORCED_ENV`), and
+``TORCH_NCCL_AVOID_RECORD_STREAMS`` is never set by any of these releases."""
+
+SGLANG_FLAG_FORCED_ENV: Mapping[str, tuple[tuple[str, str], ...]] = MappingProxyType(
+    {
+        "--enable-symm-mem": (("NCCL_CUMEM_ENABLE", "1"), ("NCCL_NVLS_ENABLE", "1")),
+        "--enable-nccl-nvls": (("NCCL_NVLS_ENABLE", "1"),),
+    }
+)
+"""Flags with which SGLang overwrites a variable even when it is set."""
+
+SGLANG_DETERMINISTIC_NCCL = ("NCCL_ALGO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
+"""With ``--enable-deterministic-inference`` and tp_size > 1 SGLang overwrites ``NCCL_ALGO``
+with ``allreduce:tree`` (0.5.6-0.5.23) and both channel counts with 8 (0.5.18 and later,
+``SGLANG_DETERMINISTIC_NCCL_NCHANNELS``): two of the seed's six tuned variables."""
+
+
+def sglang_env_warnings(profile: ServerProfile) -> list[str]:
+    """What a profile's environment sets that SGLang will not run with, one line each."""
+    warnings = []
+    where = profile.source
+    for var, value in profile.env.items():
+        if var in SGLANG_OVERWRITTEN_ENV:
+            warnings.append(
+                f"{where}: {var} = {value!r} has no effect: {SGLANG_OVERWRITTEN_ENV[var]}"
+            )
+    flags = {flag for flag, _ in flag_groups(profile.extra_args)}
+    for flag, forced in SGLANG_FLAG_FORCED_ENV.items():
+        for var, value in forced:
+            if flag in flags and var in profile.env and profile.env[var] != value:
+                warnings.append(
+                    f"{where}: {var} = {profile.env[var]!r} has no effect: with {flag} SGLang "
+                    f"sets {var}={value}"
+                )
+    if "--enable-deterministic-inference" in flags and profile.tp_size > 1:
+        lost = [var for var in SGLANG_DETERMINISTIC_NCCL if var in profile.env]
+        if lost:
+            warnings.append(
+                f"{where}: with --enable-deterministic-inference and tp_size {profile.tp_size} "
+                f"SGLang overwrites {', '.join(lost)} (NCCL_ALGO=allreduce:tree in every "
+                "release; NCCL_MIN_NCHANNELS and NCCL_MAX_NCHANNELS=8 from 0.5.18 on), so the "
+                "profile's values do not apply"
+            )
+    if profile.port is not None and profile.port > 55535:
+        warnings.append(
+            f"{where}: port = {profile.port}: SGLang 0.5.11-0.5.15 derive a gRPC port "
+            f"port + 10000 and refuse to start above 55535; choose a lower port"
+        )
+    return warnings
+
+
 FIRST_CLASS_FLAGS: Mapping[str, str] = MappingProxyType(
     {
         "--model-path": "model_path",
@@ -278,11 +330,6 @@ class _Loader:
                     value,
                     f'environment values must be strings; write {var} = "{shown}"',
                 )
-            if var in SGLANG_OVERWRITTEN_ENV:
-                self.warnings.append(
-                    f"{where}: {var} = {value!r} has no effect: SGLang overwrites {var} at "
-                    f"startup; {SGLANG_OVERWRITTEN_ENV[var]}"
-                )
         return FrozenMap(table)
 
     def _layer(self, table: object, section: str) -> dict[str, Any]:
@@ -398,7 +445,7 @@ class _Loader:
                 network=merged.get("network", "host"),
             )
         env_sets: tuple[str, ...] = merged.get("env", ())
-        return ServerProfile(
+        profile = ServerProfile(
             name=name,
             description=merged.get("description", ""),
             launcher=launcher,
@@ -421,6 +468,8 @@ class _Loader:
             target=target,
             source=where,
         )
+        self.warnings.extend(w for w in sglang_env_warnings(profile) if w not in self.warnings)
+        return profile
 
     def _build_llamacpp(
         self,
@@ -687,14 +736,20 @@ def _speculative(raw: _SpeculativeTable) -> Speculative:
         for name in ("num_steps", "eagle_topk", "num_draft_tokens")
         if name in value
     }
-    if numbers and len(numbers) != 3:
+    if algorithm == "NGRAM":
+        _check_ngram_numbers(numbers, key, where)
+    elif numbers and len(numbers) != 3:
         missing = [n for n in ("num_steps", "eagle_topk", "num_draft_tokens") if n not in numbers]
         raise ConfigError(
             f"{key} sets {', '.join(numbers)} but not {', '.join(missing)}: SGLang wants all "
             "three of num_steps, eagle_topk and num_draft_tokens, or none (then it chooses)",
             source=where,
         )
-    if numbers.get("eagle_topk") == 1 and numbers["num_draft_tokens"] != numbers["num_steps"] + 1:
+    if (
+        algorithm != "NGRAM"
+        and numbers.get("eagle_topk") == 1
+        and numbers["num_draft_tokens"] != numbers["num_steps"] + 1
+    ):
         steps = numbers["num_steps"]
         raise ConfigError(
             f"{key}.num_draft_tokens = {numbers['num_draft_tokens']} is not allowed with "
@@ -715,6 +770,23 @@ def _speculative(raw: _SpeculativeTable) -> Speculative:
         eagle_topk=numbers.get("eagle_topk"),
         num_draft_tokens=numbers.get("num_draft_tokens"),
     )
+
+
+def _check_ngram_numbers(numbers: Mapping[str, int], key: str, where: str) -> None:
+    """NGRAM's one knob is ``num_draft_tokens``: every SGLang release from 0.5.6 to 0.5.23 sets
+    its topk from ``--speculative-ngram-max-bfs-breadth`` (overriding any
+    ``--speculative-eagle-topk``), derives its steps as draft tokens // topk, and applies no
+    topk-1 rule (``_handle_ngram`` in ``srt/server_args.py``, later
+    ``srt/arg_groups/speculative_hook.py``)."""
+    others = [name for name in ("num_steps", "eagle_topk") if name in numbers]
+    if others:
+        raise ConfigError(
+            f"{key} sets {' and '.join(others)} for NGRAM, which SGLang does not use as given: "
+            "it takes the topk from --speculative-ngram-max-bfs-breadth (default 10; put it "
+            "in extra_args) and the steps from num_draft_tokens // topk. Set only "
+            "num_draft_tokens (SGLang's default for NGRAM is 12)",
+            source=where,
+        )
 
 
 def _llamacpp_speculative(raw: _SpeculativeTable) -> LlamaCppSpeculative:

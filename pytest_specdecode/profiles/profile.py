@@ -146,6 +146,24 @@ class Speculative:
         """The algorithm as SGLang runs and reports it (NEXTN is EAGLE)."""
         return ALGORITHM_ALIASES.get(self.algorithm, self.algorithm)
 
+    def expected_counts(self) -> dict[str, int]:
+        """The step, topk and draft-token fields ``/server_info`` must report, resolved as
+        SGLang resolves them: only what the profile sets; for the EAGLE family and STANDALONE
+        the draft tokens are num_steps + 1 at topk 1; for NGRAM only the draft tokens (its topk
+        and steps come from the n-gram settings)."""
+        if self.resolved_algorithm == "NGRAM":
+            if self.num_draft_tokens is None:
+                return {}
+            return {"speculative_num_draft_tokens": self.num_draft_tokens}
+        steps, topk, drafts = self.num_steps, self.eagle_topk, self.num_draft_tokens
+        if steps is None or topk is None or drafts is None:
+            return {}  # all three or none (the loader insists): SGLang chooses
+        return {
+            "speculative_num_steps": steps,
+            "speculative_eagle_topk": topk,
+            "speculative_num_draft_tokens": steps + 1 if topk == 1 else drafts,
+        }
+
     def server_args(self) -> list[str]:
         args = ["--speculative-algorithm", self.algorithm]
         if self.draft_model_path is not None:
@@ -344,11 +362,13 @@ class ServerProfile:
             soft["image"] = self.docker.image
         return Fingerprint(hard=hard, soft=soft)
 
-    def expected_server_args(self) -> dict[str, object]:
+    def expected_server_args(self, sglang_version: str | None = None) -> dict[str, object]:
         """What ``/server_info`` must report, with SGLang's field names and resolution.
 
         ``speculative_algorithm`` is always present (``None`` for a profile without
-        speculation); other fields only when the profile sets them.
+        speculation); other fields only when the profile sets them. ``sglang_version`` (the
+        running server's ``version``) names the fields as that release does: a flag's field
+        can move (``--cuda-graph-max-bs`` sets ``cuda_graph_max_bs_decode`` from 0.5.14 on).
         """
         expected: dict[str, object] = {
             "model_path": self.model_path,
@@ -361,19 +381,16 @@ class ServerProfile:
         if spec is not None:
             if spec.draft_model_path is not None:
                 expected["speculative_draft_model_path"] = spec.draft_model_path
-            if spec.num_steps is not None:
-                expected["speculative_num_steps"] = spec.num_steps
-                expected["speculative_eagle_topk"] = spec.eagle_topk
-                # SGLang forces draft tokens to steps + 1 at topk 1 (validation already
-                # insists on it; resolving here keeps the rule in one obvious place).
-                expected["speculative_num_draft_tokens"] = (
-                    spec.num_steps + 1 if spec.eagle_topk == 1 else spec.num_draft_tokens
-                )
+            expected.update(spec.expected_counts())
         for flag, values in flag_groups(self.extra_args):
             kind = ECHOED_FLAGS.get(flag)
             if kind is not None:  # repeated flags: the last one wins, as in argparse
-                expected[flag[2:].replace("-", "_")] = _flag_value(kind, values)
+                expected[echoed_field(flag, sglang_version)] = _flag_value(kind, values)
         return expected
+
+
+CORE_SERVER_ARGS = frozenset({"model_path", "tp_size", "speculative_algorithm"})
+"""Fields every supported SGLang release reports; a server without them is not SGLang."""
 
 
 @dataclass(frozen=True)
@@ -384,6 +401,7 @@ class ArgMismatch:
     expected: object
     actual: object
     reported: bool = True  # False: the server's /server_info does not have the field
+    required: bool = True  # False: a release may lack the field; then it is only not checked
 
     def describe(self) -> str:
         if not self.reported:
@@ -395,18 +413,45 @@ def compare_server_args(
     profile: ServerProfile, server_info: Mapping[str, object]
 ) -> list[ArgMismatch]:
     """Every field of :meth:`ServerProfile.expected_server_args` the server reports
-    differently. A field the server does not report is a mismatch only if the profile sets it
-    (a profile without speculation does not require ``speculative_algorithm`` to be present)."""
+    differently. A field the server does not report is listed with ``reported=False``; only
+    the :data:`CORE_SERVER_ARGS` are ``required`` (a profile without speculation does not
+    require ``speculative_algorithm`` to be present): the others a release may simply not
+    have, and the caller says they were not checked rather than refusing the server."""
+    version = server_info.get("version")
     mismatches = []
-    for name, expected in profile.expected_server_args().items():
+    expected_args = profile.expected_server_args(version if isinstance(version, str) else None)
+    for name, expected in expected_args.items():
         if name not in server_info:
             if expected is not None:
-                mismatches.append(ArgMismatch(name, expected, None, reported=False))
+                mismatches.append(
+                    ArgMismatch(
+                        name, expected, None, reported=False, required=name in CORE_SERVER_ARGS
+                    )
+                )
             continue
         actual = server_info[name]
         if not _same_arg(name, expected, actual):
             mismatches.append(ArgMismatch(name, expected, actual))
     return mismatches
+
+
+def echoed_field(flag: str, sglang_version: str | None) -> str:
+    """The ``/server_info`` field a ``launch_server`` flag sets in ``sglang_version``: the
+    flag's argparse destination in that release (known for the releases the simulator speaks),
+    else the flag's name with dashes as underscores."""
+    default = flag[2:].replace("-", "_")
+    if sglang_version is None:
+        return default
+    from pytest_specdecode.sim import versions  # the per-release flag tables, loaded on demand
+
+    try:
+        release = versions.normalize(sglang_version.split("+", 1)[0])
+    except ValueError:
+        return default
+    for spec in versions.flags(release):
+        if flag in spec.opts:
+            return spec.dest
+    return default
 
 
 @dataclass(frozen=True)

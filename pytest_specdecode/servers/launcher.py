@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -66,17 +67,49 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free now.
+def find_free_port(
+    host: str = "127.0.0.1",
+    *,
+    port_range: tuple[int, int] | None = None,
+    derived: Callable[[int], Sequence[int]] = lambda port: (),
+    avoid: Collection[int] = (),
+    attempts: int = 200,
+) -> int:
+    """A port that is free now: from the OS's ephemeral range, or a random one in
+    ``port_range`` (inclusive) for which every port ``derived(port)`` is free as well and none
+    is in ``avoid`` (ports other servers of this machine were given).
 
-    There is a window between closing this socket and the server binding the port, but unlike
-    deriving ports from GPU indices (SGLang's test utils) it never collides with a port in use;
-    a lost race shows up as the server's own "address already in use" exit, reported with its log.
+    There is a window between this check and the server binding the port (SGLang binds its
+    HTTP port last, after the load), so a lost race still shows up as the server's own "address
+    already in use" exit, reported with its log.
     """
+    if port_range is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port: int = sock.getsockname()[1]
+            return port
+    low, high = port_range
+    rng = random.SystemRandom()
+    for _ in range(attempts):
+        port = rng.randint(low, high)
+        ports = [port, *derived(port)]
+        if any(p in avoid or not 0 < p < 65536 for p in ports):
+            continue
+        if all(_bindable(host, p) for p in ports):
+            return port
+    raise OSError(
+        f"no free port in {low}-{high} on {host} after {attempts} tries (with the ports the "
+        "server derives from it); free some, or set the profile's port"
+    )
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -28,10 +28,11 @@ import contextlib
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import httpx
 from filelock import FileLock
@@ -40,6 +41,7 @@ from pytest_specdecode.backends import backend_for
 from pytest_specdecode.errors import ConfigError, ServerError, ServerStartError, SpecdecodeError
 from pytest_specdecode.servers.factory import identity_alive, make_launcher, stop_identity
 from pytest_specdecode.servers.launcher import Launcher, ServerIdentity, find_free_port
+from pytest_specdecode.servers.preflight import preflight
 from pytest_specdecode.servers.readiness import LogTail, Progress, wait_until_ready
 from pytest_specdecode.servers.state import Entry, Owner, StateFile, lease_key
 
@@ -133,6 +135,7 @@ class ServerPool:
         run_id: str,
         worker: str = "main",
         keep_alive: bool = False,
+        preflight: bool = True,
         env: Mapping[str, str] | None = None,
         on_event: EventSink | None = None,
         on_progress: Callable[[Progress], None] | None = None,
@@ -145,6 +148,7 @@ class ServerPool:
         self.run_id = run_id
         self.worker = worker
         self.keep_alive = keep_alive
+        self.preflight = preflight
         self.env = dict(os.environ if env is None else env)
         self._emit = on_event or (lambda message: None)
         self._on_progress = on_progress
@@ -309,7 +313,7 @@ class ServerPool:
                 for other in conflicts:
                     del entries[other.digest]
                     to_stop.append(other)
-                port = profile.port or find_free_port(_bind_host(profile.host))
+                port = profile.port or _launch_port(profile, entries.values())
                 url = f"http://{_connect_host(profile.host)}:{port}"
                 entries[digest] = Entry(
                     digest=digest,
@@ -365,6 +369,8 @@ class ServerPool:
             with self.state.edit() as entries:
                 entries.pop(digest, None)
             raise ServerStartError(f"server {profile.name!r} cannot be started: {exc}") from None
+        if self.preflight and profile.launcher == "sglang":
+            self._preflight(profile, port, digest)
         self.counts.launched[profile.name] += 1
         self._emit(f"{profile.name}: starting ({profile.launcher}) on {url}; log: {log_path}")
         try:
@@ -431,6 +437,30 @@ class ServerPool:
             entry.leases[self._lease] = entry.leases.get(self._lease, 0) + 1
         self._handles[profile.name] = handle
         return handle
+
+    def _preflight(self, profile: ServerProfile, port: int, digest: str) -> None:
+        """SGLang's own argument handling on the launch command, in the server's interpreter,
+        before the load (:mod:`pytest_specdecode.servers.preflight`)."""
+        started = time.monotonic()
+        result = preflight(
+            profile,
+            profile.launch_argv(host=profile.host, port=port),
+            profile.launch_env(self.env),
+        )
+        took = time.monotonic() - started
+        if result.problem is not None:
+            with self.state.edit() as entries:
+                entries.pop(digest, None)
+            self.counts.failed[profile.name] += 1
+            raise ServerStartError(
+                f"server {profile.name!r} was not launched: {result.problem} (preflight, "
+                f"{took:.1f}s; --specdecode-skip-preflight launches without it)"
+            )
+        what = f"SGLang {result.version}" if result.version else "SGLang"
+        if result.note is not None:
+            self._emit(f"{profile.name}: preflight not decisive ({result.note}); launching")
+        else:
+            self._emit(f"{profile.name}: {what} accepts the launch command ({took:.1f}s)")
 
     # -- measurement lock ----------------------------------------------------------------
 
@@ -590,6 +620,19 @@ def finish_run(
 
 def _overlap(a: Sequence[int], b: Sequence[int]) -> bool:
     return bool(set(a) & set(b))
+
+
+def _launch_port(profile: ServerProfile, entries: Iterable[Entry]) -> int:
+    """A free port the profile's server kind accepts, with the ports it derives from it, and
+    none of the ports this machine's recorded servers were given."""
+    backend = backend_for(profile)
+    taken = {port for entry in entries if (port := urlsplit(entry.url).port) is not None}
+    return find_free_port(
+        _bind_host(profile.host),
+        port_range=backend.port_range,
+        derived=backend.derived_ports,
+        avoid=taken,
+    )
 
 
 def _bind_host(host: str) -> str:

@@ -28,19 +28,23 @@ LOG_TAIL_LINES = 50
 class LogTail:
     """Follows a growing log file: the current phase and the last lines, read incrementally.
 
-    ``phases`` are (substring of a log line, the phase it starts), the server kind's own
-    (:mod:`pytest_specdecode.backends`); without them only the tail is followed.
+    ``phases`` are (substring of a log line, the phase it starts, ...), the server kind's own
+    (:mod:`pytest_specdecode.backends`); without them only the tail is followed. Further names
+    after the first are for later occurrences of the same line (SGLang logs ``Load weight
+    begin`` for the target and again for the draft); the last name repeats. The last matching
+    line wins.
     """
 
     def __init__(
         self,
         path: Path,
-        phases: Sequence[tuple[str, str]] = (),
+        phases: Sequence[tuple[str, ...]] = (),
         keep: int = 200,
     ) -> None:
         self.path = path
         self.phases = tuple(phases)
         self.phase = "starting"
+        self._seen: dict[str, int] = {}
         self._lines: deque[str] = deque(maxlen=keep)
         self._offset = 0
         self._partial = b""
@@ -59,9 +63,11 @@ class LogTail:
         for raw in complete:
             line = raw.decode(errors="replace").rstrip("\r")
             self._lines.append(line)
-            for needle, phase in self.phases:
+            for needle, *names in self.phases:
                 if needle in line:
-                    self.phase = phase
+                    seen = self._seen.get(needle, 0)
+                    self._seen[needle] = seen + 1
+                    self.phase = names[min(seen, len(names) - 1)]
         return self.phase
 
     def tail(self, n: int = LOG_TAIL_LINES) -> list[str]:

@@ -12,13 +12,13 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import uvicorn
 
 from pytest_specdecode import __version__
 from pytest_specdecode.sim.app import build_app
-from pytest_specdecode.sim.args import parse_args
+from pytest_specdecode.sim.args import StartupError, parse_args
 from pytest_specdecode.sim.faults import fail_during_load
 from pytest_specdecode.sim.logs import (
     SCHEDULER_LOGGER,
@@ -35,10 +35,18 @@ scheduler_log = logging.getLogger(SCHEDULER_LOGGER)
 def log_banner(server: SimServer) -> None:
     sim = server.sim
     main_log.info(
-        "[simulated] pytest-specdecode %s simulated SGLang server - figures are simulated, "
-        "not measured on hardware",
+        "[simulated] pytest-specdecode %s simulated SGLang server speaking SGLang %s - figures "
+        "are simulated, not measured on hardware",
         __version__,
+        server.release,
     )
+    if sim.launch_cv > 0:
+        main_log.info(
+            "[simulated] launch speed factor %.4f (launch CV %g, launch seed %d)",
+            server.launch_factor,
+            sim.launch_cv,
+            sim.launch_seed,
+        )
     main_log.info(
         "[simulated] performance model: %s; NCCL tuning share %.2f (communication share %.2f); "
         "sim seed %d, speed x%g, slowdown x%g, accept scale x%g, noise CV %g, fault %s",
@@ -57,23 +65,25 @@ def log_banner(server: SimServer) -> None:
             "[simulated] injected from the environment (test knobs, not part of any profile): %s",
             " ".join(sim.env_knobs),
         )
-    if sim.unknown_args:
-        main_log.warning(
-            "WARNING: unrecognized arguments ignored by the simulated server: %s",
-            " ".join(sim.unknown_args),
-        )
     for note in server.resolved.notes:
         main_log.warning("%s", note)
-    fields = ", ".join(f"{key}={value!r}" for key, value in server.args.echo().items())
+    fields = ", ".join(f"{key}={value!r}" for key, value in server.resolved.fields.items())
     main_log.info("server_args=ServerArgs(%s)", fields)
 
 
 def run_load_phases(server: SimServer) -> None:
-    """Log and wait through SGLang's startup phases; nothing listens on the port meanwhile."""
-    args, memory = server.args, server.memory
+    """Log and wait through SGLang's startup phases; nothing listens on the port meanwhile.
+
+    The wording follows the release spoken: the target's and then the draft's weights, one KV
+    pool per model, then the CUDA-graph capture (one line pair per graph from 0.5.14 on, skipped
+    with ``--disable-cuda-graph``)."""
+    args, memory, era = server.args, server.memory, server.era
     shares = dict(server.constants.load_shares)
     if not server.speculative:
         shares["draft_weights"] = shares["draft_cuda_graph"] = 0.0
+    graphs = not args.disable_cuda_graph
+    if not graphs:
+        shares["cuda_graph"] = shares["draft_cuda_graph"] = 0.0
     total_share = sum(shares.values()) or 1.0
     seconds = server.sim.load_seconds / server.sim.speed
 
@@ -84,8 +94,10 @@ def run_load_phases(server: SimServer) -> None:
 
     gpu = server.constants.memory["gpu_memory_gb"] - 1.4
     architecture = server.model_info()["architectures"][0]
+    draft_type = f"{architecture}{'Eagle3' if args.speculative_algorithm == 'EAGLE3' else 'NextN'}"
+    has_draft_model = server.speculative and args.speculative_algorithm != "NGRAM"
     scheduler_log.info("Init torch distributed begin.")
-    scheduler_log.info("Init torch distributed ends. mem usage=0.12 GB")
+    scheduler_log.info("Init torch distributed ends. elapsed=0.19 s, mem usage=0.09 GB")
     scheduler_log.info("Load weight begin. avail mem=%.2f GB", gpu)
     elapsed = wait("weights")
     target_weights = memory.weights_gb - (
@@ -100,7 +112,9 @@ def run_load_phases(server: SimServer) -> None:
         target_weights,
     )
     avail = gpu - target_weights
-    if server.speculative:
+    if has_draft_model:
+        scheduler_log.info("Init torch distributed begin.")
+        scheduler_log.info("Init torch distributed ends. elapsed=0.00 s, mem usage=0.00 GB")
         scheduler_log.info("Load weight begin. avail mem=%.2f GB", avail)
         elapsed = wait("draft_weights")
         draft = memory.weights_gb - target_weights
@@ -109,32 +123,74 @@ def run_load_phases(server: SimServer) -> None:
             "Load weight end. elapsed=%.2f s, type=%s, dtype=torch.bfloat16, avail mem=%.2f GB, "
             "mem usage=%.2f GB.",
             elapsed,
-            f"{architecture}{'Eagle3' if args.speculative_algorithm == 'EAGLE3' else 'NextN'}",
+            draft_type,
             avail,
             draft,
         )
     wait("kv_pool")
-    half = memory.kv_cache_gb / 2
+    pools = [memory.kv_cache_gb]
+    if has_draft_model and era.graph_capture_per_graph:
+        pools = [memory.kv_cache_gb * 0.8, memory.kv_cache_gb * 0.2]  # target, draft
+    for pool in pools:
+        half = pool / 2
+        if era.graph_capture_per_graph:
+            scheduler_log.info(
+                "KV Cache is allocated. dtype: torch.bfloat16, #tokens: %d, K size: %.2f GB, "
+                "V size: %.2f GB",
+                memory.max_total_num_tokens,
+                half,
+                half,
+            )
+        else:
+            scheduler_log.info(
+                "KV Cache is allocated. #tokens: %d, K size: %.2f GB, V size: %.2f GB",
+                memory.max_total_num_tokens,
+                half,
+                half,
+            )
+        avail -= pool
+        scheduler_log.info("Memory pool end. avail mem=%.2f GB", avail)
+    if server.sim.fault == "exit-during-load":
+        # dies inside the first capture, as real SGLang does when capture runs out of memory
+        if era.graph_capture_per_graph:
+            scheduler_log.info(
+                "Capture target prefill CUDA graph begin. backend=breakable, avail mem=%.2f GB",
+                avail,
+            )
+        else:
+            scheduler_log.info(
+                "Capture cuda graph begin. This can take up to several minutes. avail mem=%.2f GB",
+                avail,
+            )
+        time.sleep(seconds * server.constants.load_shares["cuda_graph"] / total_share / 2)
+        fail_during_load()
+    if era.graph_capture_per_graph:
+        avail = _capture_per_graph(server, avail, wait)
+    elif graphs:
+        avail = _capture_legacy(server, avail, wait)
     scheduler_log.info(
-        "KV Cache is allocated. #tokens: %d, K size: %.2f GB, V size: %.2f GB",
+        "max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=%d, "
+        "max_running_requests=%d, context_len=%d, available_gpu_mem=%.2f GB",
         memory.max_total_num_tokens,
-        half,
-        half,
+        args.chunked_prefill_size,
+        args.max_prefill_tokens,
+        memory.max_running_requests,
+        memory.context_len,
+        avail,
     )
-    avail -= memory.kv_cache_gb
-    scheduler_log.info("Memory pool end. avail mem=%.2f GB", avail)
+
+
+def _capture_legacy(server: SimServer, avail: float, wait: Callable[[str], float]) -> float:
+    """0.5.6-0.5.13: one capture for the target, one for the draft."""
     scheduler_log.info(
         "Capture cuda graph begin. This can take up to several minutes. avail mem=%.2f GB", avail
     )
-    if server.sim.fault == "exit-during-load":
-        time.sleep(seconds * shares["cuda_graph"] / total_share / 2)
-        fail_during_load()
     elapsed = wait("cuda_graph")
-    avail -= memory.cuda_graph_gb
+    avail -= server.memory.cuda_graph_gb
     scheduler_log.info(
         "Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. avail mem=%.2f GB.",
         elapsed,
-        memory.cuda_graph_gb,
+        server.memory.cuda_graph_gb,
         avail,
     )
     if server.speculative:
@@ -151,21 +207,85 @@ def run_load_phases(server: SimServer) -> None:
             elapsed,
             avail,
         )
-    scheduler_log.info(
-        "max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=%d, "
-        "max_running_requests=%d, context_len=%d, available_gpu_mem=%.2f GB",
-        memory.max_total_num_tokens,
-        args.chunked_prefill_size,
-        args.max_prefill_tokens,
-        memory.max_running_requests,
-        memory.context_len,
-        avail,
+    return avail
+
+
+def _capture_per_graph(server: SimServer, avail: float, wait: Callable[[str], float]) -> float:
+    """0.5.14+: a begin/end pair per graph (target prefill, target decode or verify, draft
+    prefill, draft decode), as the real 0.5.15 log shows; none with --disable-cuda-graph."""
+    args, fields = server.args, server.resolved.fields
+    config = fields.get("cuda_graph_config") or {}
+    decode = config.get("decode", {})
+    prefill = config.get("prefill", {})
+    if args.disable_cuda_graph:
+        for _ in (0, 1) if server.speculative else (0,):
+            main_log.info(
+                "Disable prefill CUDA graph because cuda_graph_config resolved "
+                "prefill.backend='disabled' (e.g. via --cuda-graph-backend-prefill=disabled or "
+                "auto-disable rules)."
+            )
+        return avail
+    bs = [b for b in decode.get("bs", [1]) if b <= (args.max_running_requests or 160)]
+    tokens = prefill.get("bs", [4])
+    graphs = [
+        ("target prefill", f"backend=breakable, num_tokens={tokens}", "cuda_graph", 0.6),
+        (
+            "target verify" if server.speculative else "target decode",
+            f"backend=full, num_tokens_per_bs={server.num_draft_tokens}, bs={bs}",
+            "cuda_graph",
+            0.4,
+        ),
+    ]
+    if server.speculative and args.speculative_algorithm != "NGRAM":
+        graphs += [
+            ("draft prefill", f"backend=breakable, num_tokens={tokens}", "draft_cuda_graph", 0.2),
+            (
+                "draft decode",
+                f"backend=full, num_tokens_per_bs=1, bs={bs}",
+                "draft_cuda_graph",
+                0.8,
+            ),
+        ]
+    for name, detail, phase, part in graphs:
+        scheduler_log.info(
+            "Capture %s CUDA graph begin. %s, avail mem=%.2f GB", name, detail, avail
+        )
+        elapsed = wait(phase) * part
+        usage = server.memory.cuda_graph_gb * part / 2
+        avail -= usage
+        scheduler_log.info(
+            "Capture %s CUDA graph end. elapsed=%.2f s, mem usage=%.2f GB, avail mem=%.2f GB.",
+            name,
+            elapsed,
+            usage,
+            avail,
+        )
+    return avail
+
+
+def startup_failure(error: StartupError) -> int:
+    """What SGLang prints when its argument resolution raises: a traceback, exit status 1."""
+    print(
+        "Traceback (most recent call last):\n"
+        '  File "sglang/launch_server.py", in <module>\n'
+        "    server_args = prepare_server_args(sys.argv[1:])\n"
+        '  File "sglang/srt/server_args.py", in __post_init__\n'
+        "    self._handle_deprecated_args()\n"
+        '  File "sglang/srt/server_args.py", in _handle_deprecated_args\n'
+        "    raise ValueError(\n"
+        f"ValueError: {error}",
+        file=sys.stderr,
+        flush=True,
     )
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    resolved = parse_args(argv, os.environ)
-    configure_logging(resolved.server.log_level)
+    try:
+        resolved = parse_args(argv, os.environ)
+    except StartupError as exc:
+        return startup_failure(exc)
+    configure_logging(resolved.server.log_level, rank=resolved.server.tp_size > 1)
     server = SimServer(resolved, load_constants(), os.environ)
     log_banner(server)
     run_load_phases(server)

@@ -30,6 +30,9 @@ FLUSH_CACHE_BODY = (
     "Cache flushed.\nPlease check backend logs for more details. "
     "(When there are running or waiting requests, the operation will not be performed.)\n"
 )
+#: How long the warm-up keeps /health at 503, relative to the load phases (real 0.5.15: ~35 s of
+#: 503 after ~50 s with the port closed).
+WARMUP_SHARE_OF_LOAD = 0.7
 WARMUP_REQUEST = {
     "text": "The capital city of France is",
     "sampling_params": {"temperature": 0, "max_new_tokens": 8},
@@ -135,6 +138,24 @@ async def metrics(request: Request) -> Response:
     return Response(server.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
+async def get_load(request: Request) -> Response:
+    return JSONResponse(_sim(request).load())
+
+
+async def weight_version_gone(request: Request) -> Response:
+    return JSONResponse(
+        {
+            "object": "error",
+            "message": "Endpoint '/get_weight_version' or '/weight_version' is deprecated. "
+            "Please use '/model_info' instead.",
+            "type": "404",
+            "param": None,
+            "code": 404,
+        },
+        status_code=404,
+    )
+
+
 async def ping(request: Request) -> Response:
     return Response(status_code=200)
 
@@ -165,6 +186,9 @@ async def run_warmup(server: SimServer) -> None:
                     break
             except httpx.HTTPError:
                 continue
+        # The rest of SGLang's warm-up (tokenizer, detokenizer, first batches): /health answers
+        # 503 meanwhile, ~35 s after a ~50 s load on real 0.5.15, so 0.7 x the load time here.
+        await asyncio.sleep(WARMUP_SHARE_OF_LOAD * server.sim.load_seconds / server.sim.speed)
         if not args.skip_server_warmup:
             try:
                 response = await client.post("/generate", json=WARMUP_REQUEST)
@@ -196,6 +220,11 @@ def build_app(server: SimServer) -> Starlette:
         Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
         Route("/ping", ping, methods=["GET"]),
     ]
+    if server.era.get_load_route:
+        routes.append(Route("/get_load", get_load, methods=["GET"]))
+    if server.era.weight_version_gone:
+        routes.append(Route("/weight_version", weight_version_gone, methods=["GET"]))
+        routes.append(Route("/get_weight_version", weight_version_gone, methods=["GET"]))
     if server.metrics is not None:
         routes.append(Route("/metrics", metrics, methods=["GET"]))
     middleware = []

@@ -1,19 +1,25 @@
 """Command line of the simulated server: SGLang's ``launch_server`` flags plus ``--sim-*`` knobs.
 
-SGLang flags are parsed with SGLang's names and defaults and resolved the way SGLang's
-``ServerArgs.__post_init__`` does for the settings the simulator cares about. Unknown flags are
-tolerated (a real launcher may pass flags of a newer SGLang) and reported back to the caller.
+The simulator speaks one SGLang release at a time (``--sim-sglang-version``, see ``versions.py``):
+its parser holds exactly the flags that release declares (generated from its wheel), so a flag the
+release does not know, or no longer knows, is refused as argparse refuses it (usage message on
+stderr, exit status 2), and the flags are resolved the way that release's ``ServerArgs`` does for
+the settings the simulator cares about.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import random
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from pytest_specdecode.sim import versions
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 #: Algorithms for which SGLang caps max_running_requests at 48 when it is not given.
@@ -40,7 +46,9 @@ REDACTED = "<redacted>"
 ENV_SLOWDOWN = "SPECDECODE_SIM_SLOWDOWN"
 ENV_ACCEPT_SCALE = "SPECDECODE_SIM_ACCEPT_SCALE"
 ENV_NOISE_CV = "SPECDECODE_SIM_NOISE_CV"
-ENV_KNOBS = (ENV_SLOWDOWN, ENV_ACCEPT_SCALE, ENV_NOISE_CV)
+#: ``SPECDECODE_SIM_LAUNCH_CV`` replaces ``--sim-launch-cv`` (launch-to-launch variance).
+ENV_LAUNCH_CV = "SPECDECODE_SIM_LAUNCH_CV"
+ENV_KNOBS = (ENV_SLOWDOWN, ENV_ACCEPT_SCALE, ENV_NOISE_CV, ENV_LAUNCH_CV)
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class ServerArgs:
     host: str
     port: int
     nccl_port: int | None
+    grpc_port: int | None
     mem_fraction_static: float
     max_running_requests: int | None
     max_total_tokens: int | None
@@ -127,6 +136,19 @@ class SimOptions:
     unknown_args: tuple[str, ...]
     env_knobs: tuple[str, ...] = ()
     """The ``SPECDECODE_SIM_*`` settings that were applied, as ``NAME=value``."""
+    launch_cv: float = 0.0
+    launch_seed: int = 0
+    """With the sim seed, the seed of this launch's speed factor (random unless given)."""
+
+    @property
+    def launch_factor(self) -> float:
+        """This launch's speed factor: lognormal, mean 1, CV ``launch_cv``, seeded by
+        (sim seed, launch seed), so a given pair always draws the same factor."""
+        if self.launch_cv <= 0:
+            return 1.0
+        sigma = math.sqrt(math.log1p(self.launch_cv**2))
+        rng = random.Random(f"{self.seed}:launch:{self.launch_seed}")
+        return math.exp(rng.gauss(-0.5 * sigma * sigma, sigma))
 
 
 @dataclass(frozen=True)
@@ -135,6 +157,10 @@ class ResolvedArgs:
     sim: SimOptions
     notes: tuple[str, ...]
     """Resolution messages SGLang would log (adjusted speculative settings and the like)."""
+    release: str = ""
+    """The SGLang release spoken (``--sim-sglang-version``, normalised)."""
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Every ServerArgs field of that release as ``/server_info`` echoes it."""
 
 
 def _positive_float(text: str) -> float:
@@ -160,86 +186,67 @@ def _fault(text: str) -> str:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _typed(type_name: str | None) -> Callable[[str], Any]:
+    return {"int": int, "float": float}.get(type_name or "str", str)
+
+
+def _add_sglang_flag(group: argparse._ArgumentGroup, flag: versions.FlagSpec) -> None:
+    """Declare one SGLang option as its release did (arity, type, choices), default unset."""
+    kwargs: dict[str, Any] = {"dest": flag.dest, "default": argparse.SUPPRESS}
+    opts = list(flag.opts)
+    kind, nargs = flag.kind, flag.nargs
+    if kind in ("store_true", "store_false", "store_const", "count"):
+        kwargs["action"] = kind if kind != "store_const" else "store_const"
+        if kind == "store_const":
+            kwargs["const"] = True
+    elif kind == "boolean_optional":
+        kwargs["action"] = argparse.BooleanOptionalAction
+        opts = [o for o in opts if not o.startswith("--no-")] or opts
+    elif kind == "custom" and nargs == "0":
+        kwargs.update(action="store_const", const=True)
+    else:
+        if kind == "append":
+            kwargs["action"] = "append"
+        if nargs not in (None, "1") or (kind == "append" and nargs is not None):
+            kwargs["nargs"] = int(nargs) if nargs and nargs.isdigit() else nargs
+        convert = _typed(flag.type)
+        kwargs["type"] = convert
+        if flag.choices:
+            try:
+                kwargs["choices"] = [convert(c) for c in flag.choices]
+            except ValueError:
+                kwargs["choices"] = list(flag.choices)
+    if flag.dest == "model_path":
+        kwargs["required"] = True
+    group.add_argument(*opts, **kwargs)
+
+
+def build_parser(release: str | None = None) -> argparse.ArgumentParser:
+    """The command line of SGLang ``release`` (default: the newest supported) plus ``--sim-*``."""
+    release = release or versions.newest()
+    era = versions.era(release)
     parser = argparse.ArgumentParser(
-        prog="python -m pytest_specdecode.sim",
+        prog=era.prog,
         description=(
             "A simulated SGLang server (no GPU): SGLang's HTTP API, load phases and log lines, "
             "with token timing from a small performance model fitted to measured figures. "
-            "Every figure it produces is simulated."
+            f"Every figure it produces is simulated. This parser speaks SGLang {release} "
+            f"(--sim-sglang-version; supported {versions.supported_range()})."
         ),
         epilog=(
-            "Unknown flags are accepted with a warning, so a real SGLang command line works. "
+            "Flags that SGLang release does not accept are rejected, as SGLang rejects them. "
             f"Test knobs from the environment, outside any profile or fingerprint: {ENV_SLOWDOWN} "
             f"and {ENV_ACCEPT_SCALE} multiply --sim-slowdown and --sim-accept-scale, "
             f"{ENV_NOISE_CV} replaces --sim-noise-cv (inject a regression of the same "
-            "configuration)."
+            f"configuration), {ENV_LAUNCH_CV} replaces --sim-launch-cv; "
+            f"{versions.ENV_SGLANG_VERSION} is the default of --sim-sglang-version."
         ),
     )
     sglang = parser.add_argument_group(
-        "SGLang server arguments (as python -m sglang.launch_server)"
+        f"SGLang server arguments (as python -m sglang.launch_server of SGLang {release})"
     )
-    add = sglang.add_argument
-    add("--model-path", "--model", dest="model_path", required=True, help="model repo id or path")
-    add("--tokenizer-path", default=None)
-    add("--served-model-name", default=None, help="name in /v1/models (default: the model path)")
-    add("--trust-remote-code", action="store_true")
-    add("--load-format", default="auto", help="'dummy' means random weights (accept length ~1)")
-    add("--dtype", default="auto")
-    add("--kv-cache-dtype", default="auto")
-    add("--context-length", type=int, default=None)
-    add("--device", default="cuda")
-    add("--skip-tokenizer-init", action="store_true")
-    add("--host", default="127.0.0.1")
-    add("--port", type=int, default=30000)
-    add("--nccl-port", type=int, default=None)
-    add("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
-    add("--dp-size", type=int, default=1)
-    add("--pp-size", type=int, default=1)
-    add("--base-gpu-id", type=int, default=0)
-    add("--gpu-id-step", type=int, default=1)
-    add("--mem-fraction-static", type=float, default=None)
-    add("--max-running-requests", type=int, default=None)
-    add("--max-total-tokens", type=int, default=None)
-    add("--chunked-prefill-size", type=int, default=None)
-    add("--max-prefill-tokens", type=int, default=16384)
-    add("--schedule-policy", default="fcfs")
-    add("--schedule-conservativeness", type=float, default=1.0)
-    add("--cuda-graph-max-bs", type=int, default=None)
-    add("--disable-cuda-graph", action="store_true")
-    add("--stream-interval", type=int, default=1)
-    add("--stream-output", action="store_true")
-    add("--random-seed", type=int, default=None)
-    add("--watchdog-timeout", type=float, default=300.0)
-    add("--log-level", default="info")
-    add("--log-level-http", default=None)
-    add("--log-requests", action="store_true")
-    add("--decode-log-interval", type=int, default=40)
-    add("--enable-metrics", action="store_true")
-    add("--enable-cache-report", action="store_true")
-    add("--api-key", default=None)
-    add("--speculative-algorithm", choices=SPECULATIVE_ALGORITHMS, default=None)
-    add(
-        "--speculative-draft-model-path",
-        "--speculative-draft-model",
-        dest="speculative_draft_model_path",
-        default=None,
-    )
-    add("--speculative-num-steps", type=int, default=None)
-    add("--speculative-eagle-topk", type=int, default=None)
-    add("--speculative-num-draft-tokens", type=int, default=None)
-    add("--speculative-accept-threshold-single", type=float, default=1.0)
-    add("--speculative-accept-threshold-acc", type=float, default=1.0)
-    add("--speculative-token-map", default=None)
-    add("--speculative-attention-mode", default="prefill")
-    add("--num-continuous-decode-steps", type=int, default=1)
-    add("--disable-custom-all-reduce", action="store_true")
-    add("--disable-radix-cache", action="store_true")
-    add("--disable-overlap-schedule", action="store_true")
-    add("--enable-mixed-chunk", action="store_true")
-    add("--attention-backend", default=None)
-    add("--skip-server-warmup", action="store_true")
-    add("--weight-version", default="default")
+    for flag in versions.flags(release):
+        _add_sglang_flag(sglang, flag)
 
     sim = parser.add_argument_group("simulation knobs (pytest-specdecode only)")
     sim.add_argument(
@@ -289,6 +296,34 @@ def build_parser() -> argparse.ArgumentParser:
             "the warm-up"
         ),
     )
+    sim.add_argument(
+        "--sim-sglang-version",
+        default=None,
+        metavar="VERSION",
+        help=(
+            "the SGLang release to behave like: flags, argument resolution, /server_info, "
+            f"meta_info, log lines (supported {versions.supported_range()}; default "
+            f"${versions.ENV_SGLANG_VERSION}, else {versions.newest()})"
+        ),
+    )
+    sim.add_argument(
+        "--sim-launch-cv",
+        type=_non_negative_float,
+        default=0.0,
+        help=(
+            "launch-to-launch variance: CV of a lognormal speed factor drawn once at start-up "
+            "(default 0: every launch equally fast)"
+        ),
+    )
+    sim.add_argument(
+        "--sim-launch-seed",
+        type=int,
+        default=None,
+        help=(
+            "seed of the launch factor together with the sim seed (default: a fresh random "
+            "one per launch, reported in /server_info as sim_launch_seed)"
+        ),
+    )
     return parser
 
 
@@ -297,23 +332,209 @@ def _looks_like_llama_or_grok(model_path: str) -> bool:
     return "llama" in lowered or "grok" in lowered
 
 
-def resolve(namespace: argparse.Namespace, unknown: Sequence[str]) -> ResolvedArgs:
-    """Apply SGLang's defaults and speculative-decoding rules to the parsed flags."""
-    ns = namespace
+#: What SGLang's resolution (``__post_init__`` and the arg-group hooks) makes of fields declared
+#: ``None``, as the real 0.5.15 ``/server_info`` shows them; applied to every release that has
+#: the field and left it unset.
+RESOLVED_WHEN_UNSET: dict[str, Any] = {
+    "chunked_prefill_size": 8192,
+    "custom_weight_loader": [],
+    "device": "cuda",
+    "enable_fused_qk_norm_rope": False,
+    "enable_tf32_matmul": False,
+    "expert_distribution_recorder_buffer_size": 1000,
+    "file_storage_path": "sglang_storage",
+    "grammar_backend": "xgrammar",
+    "hicache_ratio": 2.0,
+    "mamba_full_memory_ratio": 0.9,
+    "mm_enable_dp_encoder": False,
+    "mm_process_config": {},
+    "page_size": 1,
+    "sampling_backend": "flashinfer",
+    "swa_full_tokens_ratio": 0.8,
+    "attention_backend": "flashinfer",
+    "speculative_moe_runner_backend": "auto",
+}
+RESOLVED_REPLACED: dict[str, tuple[Any, Any]] = {
+    "encoder_transfer_backend": ("auto", "zmq_to_scheduler"),
+    "load_balance_method": ("auto", "round_robin"),
+}
+#: The capture sizes SGLang 0.5.15 plans (``cuda_graph_config`` in ``/server_info``).
+_DECODE_BS = [1, 2, 3, 4, 5, 6, 7, 8, *range(10, 33, 2), *range(40, 64, 4), *range(64, 257, 8)]
+_PREFILL_BS = [
+    *range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
+    *range(1280, 4097, 256), *range(4608, 8193, 512),
+]  # fmt: skip
+
+
+class StartupError(Exception):
+    """A ``ValueError`` SGLang raises while resolving its arguments (exit status 1)."""
+
+
+def _cuda_graph_config(server: ServerArgs, values: Mapping[str, Any]) -> dict[str, Any]:
+    disabled = server.disable_cuda_graph
+
+    def part(max_bs: int, sizes: list[int], key: str) -> dict[str, Any]:
+        backend = values.get(f"cuda_graph_backend_{key}")
+        if disabled:
+            backend = "disabled"
+        return {
+            "backend": backend or ("full" if key == "decode" else "breakable"),
+            "max_bs": max_bs,
+            "bs": [b for b in sizes if b <= max_bs],
+            "tc_compiler": "eager",
+            "full_prefill_max_req": None,
+        }
+
+    prefill_max = int(values.get("cuda_graph_max_bs_prefill") or server.chunked_prefill_size)
+    return {
+        "decode": part(server.cuda_graph_max_bs, _DECODE_BS, "decode"),
+        "prefill": part(prefill_max, _PREFILL_BS, "prefill"),
+    }
+
+
+def echo_fields(release: str, server: ServerArgs, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every ServerArgs field of ``release`` as its ``/server_info`` shows it after resolution:
+    the given value, else SGLang's resolved or declared default, then the simulator's resolved
+    settings (speculative parameters, overlap, limits) on top."""
+    fields: dict[str, Any] = {}
+    resolved = server.echo()
+    for name, default in versions.field_defaults(release).items():
+        value = values.get(name, default)
+        if value is None and name in RESOLVED_WHEN_UNSET:
+            value = RESOLVED_WHEN_UNSET[name]
+        if name in RESOLVED_REPLACED and value == RESOLVED_REPLACED[name][0]:
+            value = RESOLVED_REPLACED[name][1]
+        if name in resolved:
+            value = resolved[name]
+        fields[name] = value
+    if "cuda_graph_config" in fields:
+        fields["cuda_graph_config"] = _cuda_graph_config(server, values)
+    for name in ("cuda_graph_max_bs_decode",):
+        if name in fields:
+            fields[name] = server.cuda_graph_max_bs
+    if "cuda_graph_max_bs_prefill" in fields and fields["cuda_graph_max_bs_prefill"] is None:
+        fields["cuda_graph_max_bs_prefill"] = server.chunked_prefill_size
+    if server.speculative_draft_model_path and "speculative_draft_model_revision" in fields:
+        fields["speculative_draft_model_revision"] = (
+            values.get("speculative_draft_model_revision") or "main"
+        )
+    if fields.get("api_key") is not None:
+        fields["api_key"] = REDACTED
+    return fields
+
+
+def _check_ports(release: str, server: ServerArgs, env: Mapping[str, str]) -> None:
+    """SGLang's gRPC port checks: 0.5.11-0.5.15 derive ``port + 10000`` and refuse it above
+    65535 even with gRPC off; 0.5.16+ check ``--grpc-port`` / ``SGLANG_GRPC_PORT`` when set."""
+    era = versions.era(release)
+    raw = env.get("SGLANG_GRPC_PORT", "").strip()
+    env_port = int(raw) if raw.lstrip("-").isdigit() else None
+    if era.derived_grpc_port:
+        grpc = env_port if env_port is not None else server.port + 10000
+        if not 1 <= grpc <= 65535:
+            raise StartupError(f"SGLANG_GRPC_PORT ({grpc}) must be between 1 and 65535")
+        if grpc == server.port:
+            raise StartupError(f"SGLANG_GRPC_PORT ({grpc}) must differ from --port ({server.port})")
+    elif era.grpc_port_flag:
+        grpc_port = server.grpc_port if server.grpc_port is not None else env_port
+        if grpc_port is not None:
+            if not 1 <= grpc_port <= 65535:
+                raise StartupError(
+                    f"--grpc-port / SGLANG_GRPC_PORT ({grpc_port}) must be between 1 and 65535"
+                )
+            if grpc_port == server.port:
+                raise StartupError(
+                    f"--grpc-port ({grpc_port}) must differ from --port ({server.port})"
+                )
+
+
+def resolve(
+    namespace: argparse.Namespace,
+    unknown: Sequence[str] = (),
+    release: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ResolvedArgs:
+    """Apply SGLang ``release``'s defaults and speculative-decoding rules to the parsed flags.
+
+    ``StartupError`` for what that release refuses while resolving (the gRPC port range)."""
+    release = release or versions.newest()
+    era = versions.era(release)
+    ns = vars(namespace)
+    values: dict[str, Any] = {k: v for k, v in ns.items() if not k.startswith("sim_")}
+    # Aliases across releases: old dests and deprecated spellings of the same setting.
+    if "tensor_parallel_size" in values:
+        values.setdefault("tp_size", values["tensor_parallel_size"])
+    if values.get("incremental_streaming_output"):
+        values.setdefault("stream_output", True)
+    if values.get("cuda_graph_max_bs_decode") is not None:
+        values.setdefault("cuda_graph_max_bs", values["cuda_graph_max_bs_decode"])
+    defaults = versions.field_defaults(release)
+
+    def get(name: str, fallback: Any = None) -> Any:
+        value = values.get(name, defaults.get(name))
+        return fallback if value is None else value
+
     notes: list[str] = []
-    algorithm: str | None = ns.speculative_algorithm
+    algorithm: str | None = get("speculative_algorithm")
+    if algorithm is not None and algorithm.upper() not in SPECULATIVE_ALGORITHMS:
+        raise StartupError(
+            f"speculative_algorithm {algorithm!r} is not simulated; choose one of "
+            f"{', '.join(SPECULATIVE_ALGORITHMS)}"
+        )
+    algorithm = algorithm.upper() if algorithm else None
+    model_path: str = values["model_path"]
     steps, topk, draft_tokens = (
-        ns.speculative_num_steps,
-        ns.speculative_eagle_topk,
-        ns.speculative_num_draft_tokens,
+        get("speculative_num_steps"),
+        get("speculative_eagle_topk"),
+        get("speculative_num_draft_tokens"),
     )
-    max_running = ns.max_running_requests
-    disable_overlap = bool(ns.disable_overlap_schedule)
-    enable_mixed_chunk = bool(ns.enable_mixed_chunk)
+    max_running = get("max_running_requests")
+    disable_overlap = bool(get("disable_overlap_schedule", False))
+    enable_mixed_chunk = bool(get("enable_mixed_chunk", False))
     if algorithm == "NEXTN":
         algorithm = "EAGLE"
-    if algorithm is not None:
-        auto = (5, 4, 8) if _looks_like_llama_or_grok(ns.model_path) else (3, 1, 4)
+    if algorithm in CAPPED_ALGORITHMS:
+        if max_running is None:
+            max_running = 48
+            notes.append(
+                "Max running requests is reset to 48 for speculative decoding. You can override "
+                "this by explicitly setting --max-running-requests."
+            )
+        if not era.spec_v2_default:
+            disable_overlap = True
+            notes.append(
+                "Overlap scheduler is disabled because of using eagle3 or standalone speculative "
+                "decoding."
+            )
+        elif not era.spec_v2_only:
+            reason = None
+            if topk is not None and topk > 1 and not disable_overlap:
+                disable_overlap = True
+                reason = "spec v2 currently only supports topk = 1"
+            if disable_overlap:
+                notes.append(
+                    "Spec v1 is used for eagle/eagle3/standalone speculative decoding because "
+                    f"{reason or 'overlap schedule is disabled'}."
+                )
+            else:
+                notes.append(
+                    "Spec v2 is enabled by default for eagle/eagle3/standalone speculative "
+                    "decoding."
+                )
+        elif disable_overlap:
+            notes.append(
+                "Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone "
+                "speculative decoding."
+            )
+        if enable_mixed_chunk:
+            enable_mixed_chunk = False
+            notes.append(
+                "Mixed chunked prefill is disabled because of using eagle speculative decoding."
+            )
+        if algorithm == "STANDALONE":
+            auto = (3, 1, 4)
+        else:
+            auto = (5, 4, 8) if _looks_like_llama_or_grok(model_path) else (3, 1, 4)
         if steps is None and topk is None and draft_tokens is None:
             steps, topk, draft_tokens = auto
             notes.append(
@@ -329,97 +550,115 @@ def resolve(namespace: argparse.Namespace, unknown: Sequence[str]) -> ResolvedAr
         if topk == 1 and draft_tokens != steps + 1:
             notes.append(
                 "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
-                f"speculative_eagle_topk == 1 ({draft_tokens} -> {steps + 1})"
+                "speculative_eagle_topk == 1"
             )
             draft_tokens = steps + 1
-        if algorithm in CAPPED_ALGORITHMS:
-            if max_running is None:
-                max_running = 48
-                notes.append("Max running requests is reset to 48 for speculative decoding.")
+    elif algorithm == "NGRAM":
+        # NGRAM has no draft model: its tree is as wide as --speculative-ngram-max-bfs-breadth.
+        topk = get("speculative_ngram_max_bfs_breadth", 10)
+        if draft_tokens is None:
+            draft_tokens = 12
+            notes.append(
+                "speculative_num_draft_tokens is set to 12 by default for ngram speculative "
+                "decoding. You can override this by explicitly setting "
+                "--speculative-num-draft-tokens."
+            )
+        if era.ngram_disables_overlap:
             disable_overlap = True
-            enable_mixed_chunk = False
-    sim_seed = ns.sim_seed if ns.sim_seed is not None else ns.random_seed
+    sim_seed = ns["sim_seed"] if ns["sim_seed"] is not None else get("random_seed")
     if sim_seed is None:
         sim_seed = random.SystemRandom().randint(0, (1 << 30) - 1)
-    random_seed = ns.random_seed if ns.random_seed is not None else sim_seed
+    random_seed = get("random_seed", sim_seed)
     crash_after = None
-    if ns.sim_fault and ns.sim_fault.startswith("crash-after:"):
-        crash_after = int(ns.sim_fault.split(":", 1)[1])
+    if ns["sim_fault"] and ns["sim_fault"].startswith("crash-after:"):
+        crash_after = int(ns["sim_fault"].split(":", 1)[1])
+    launch_seed = ns["sim_launch_seed"]
+    if launch_seed is None:
+        launch_seed = random.SystemRandom().randint(0, (1 << 30) - 1)
+    cuda_graph_max_bs = get("cuda_graph_max_bs")
     server = ServerArgs(
-        model_path=ns.model_path,
-        tokenizer_path=ns.tokenizer_path or ns.model_path,
-        tokenizer_mode="auto",
-        skip_tokenizer_init=bool(ns.skip_tokenizer_init),
-        load_format=ns.load_format,
-        trust_remote_code=bool(ns.trust_remote_code),
-        dtype=ns.dtype,
-        kv_cache_dtype=ns.kv_cache_dtype,
-        context_length=ns.context_length,
-        device=ns.device,
-        served_model_name=ns.served_model_name or ns.model_path,
-        host=ns.host,
-        port=ns.port,
-        nccl_port=ns.nccl_port,
+        model_path=model_path,
+        tokenizer_path=get("tokenizer_path", model_path),
+        tokenizer_mode=get("tokenizer_mode", "auto"),
+        skip_tokenizer_init=bool(get("skip_tokenizer_init", False)),
+        load_format=get("load_format", "auto"),
+        trust_remote_code=bool(get("trust_remote_code", False)),
+        dtype=get("dtype", "auto"),
+        kv_cache_dtype=get("kv_cache_dtype", "auto"),
+        context_length=get("context_length"),
+        device=get("device", "cuda"),
+        served_model_name=get("served_model_name", model_path),
+        host=get("host", "127.0.0.1"),
+        port=int(get("port", 30000)),
+        nccl_port=get("nccl_port"),
+        grpc_port=get("grpc_port"),
         # SGLang derives these from the GPU's memory; the simulated GPU is a 96 GB card.
-        mem_fraction_static=ns.mem_fraction_static if ns.mem_fraction_static is not None else 0.88,
+        mem_fraction_static=float(get("mem_fraction_static", 0.88)),
         max_running_requests=max_running,
-        max_total_tokens=ns.max_total_tokens,
-        chunked_prefill_size=ns.chunked_prefill_size
-        if ns.chunked_prefill_size is not None
-        else 8192,
-        max_prefill_tokens=ns.max_prefill_tokens,
-        schedule_policy=ns.schedule_policy,
-        schedule_conservativeness=ns.schedule_conservativeness,
-        cuda_graph_max_bs=ns.cuda_graph_max_bs
-        if ns.cuda_graph_max_bs is not None
+        max_total_tokens=get("max_total_tokens"),
+        chunked_prefill_size=int(get("chunked_prefill_size", 8192)),
+        max_prefill_tokens=int(get("max_prefill_tokens", 16384)),
+        schedule_policy=get("schedule_policy", "fcfs"),
+        schedule_conservativeness=float(get("schedule_conservativeness", 1.0)),
+        cuda_graph_max_bs=int(cuda_graph_max_bs)
+        if cuda_graph_max_bs is not None
         else min(max_running or 160, 160),
-        disable_cuda_graph=bool(ns.disable_cuda_graph),
-        tp_size=ns.tp_size,
-        dp_size=ns.dp_size,
-        pp_size=ns.pp_size,
-        base_gpu_id=ns.base_gpu_id,
-        gpu_id_step=ns.gpu_id_step,
-        stream_interval=max(1, ns.stream_interval),
-        stream_output=bool(ns.stream_output),
+        disable_cuda_graph=bool(get("disable_cuda_graph", False)),
+        tp_size=int(get("tp_size", 1)),
+        dp_size=int(get("dp_size", 1)),
+        pp_size=int(get("pp_size", 1)),
+        base_gpu_id=int(get("base_gpu_id", 0)),
+        gpu_id_step=int(get("gpu_id_step", 1)),
+        stream_interval=max(1, int(get("stream_interval", 1))),
+        stream_output=bool(get("stream_output", False)),
         random_seed=random_seed,
-        watchdog_timeout=ns.watchdog_timeout,
-        log_level=ns.log_level,
-        log_level_http=ns.log_level_http,
-        log_requests=bool(ns.log_requests),
-        decode_log_interval=max(1, ns.decode_log_interval),
-        enable_metrics=bool(ns.enable_metrics),
-        enable_cache_report=bool(ns.enable_cache_report),
-        api_key=ns.api_key,
+        watchdog_timeout=float(get("watchdog_timeout", 300.0)),
+        log_level=get("log_level", "info"),
+        log_level_http=get("log_level_http"),
+        log_requests=bool(get("log_requests", False)),
+        decode_log_interval=max(1, int(get("decode_log_interval", 40))),
+        enable_metrics=bool(get("enable_metrics", False)),
+        enable_cache_report=bool(get("enable_cache_report", False)),
+        api_key=get("api_key"),
         speculative_algorithm=algorithm,
-        speculative_draft_model_path=ns.speculative_draft_model_path,
+        speculative_draft_model_path=get("speculative_draft_model_path"),
         speculative_num_steps=steps,
         speculative_eagle_topk=topk,
         speculative_num_draft_tokens=draft_tokens,
-        speculative_accept_threshold_single=ns.speculative_accept_threshold_single,
-        speculative_accept_threshold_acc=ns.speculative_accept_threshold_acc,
-        speculative_token_map=ns.speculative_token_map,
-        speculative_attention_mode=ns.speculative_attention_mode,
-        num_continuous_decode_steps=max(1, ns.num_continuous_decode_steps),
-        disable_custom_all_reduce=bool(ns.disable_custom_all_reduce),
-        disable_radix_cache=bool(ns.disable_radix_cache),
+        speculative_accept_threshold_single=float(get("speculative_accept_threshold_single", 1.0)),
+        speculative_accept_threshold_acc=float(get("speculative_accept_threshold_acc", 1.0)),
+        speculative_token_map=get("speculative_token_map"),
+        speculative_attention_mode=get("speculative_attention_mode", "prefill"),
+        num_continuous_decode_steps=max(1, int(get("num_continuous_decode_steps", 1))),
+        disable_custom_all_reduce=bool(get("disable_custom_all_reduce", False)),
+        disable_radix_cache=bool(get("disable_radix_cache", False)),
         disable_overlap_schedule=disable_overlap,
         enable_mixed_chunk=enable_mixed_chunk,
-        attention_backend=ns.attention_backend,
-        skip_server_warmup=bool(ns.skip_server_warmup),
-        weight_version=ns.weight_version,
+        attention_backend=get("attention_backend"),
+        skip_server_warmup=bool(get("skip_server_warmup", False)),
+        weight_version=get("weight_version", "default"),
     )
+    _check_ports(release, server, env or {})
     sim = SimOptions(
-        load_seconds=ns.sim_load_seconds,
-        speed=ns.sim_speed,
-        slowdown=ns.sim_slowdown,
-        accept_scale=ns.sim_accept_scale,
-        noise_cv=ns.sim_noise_cv,
+        load_seconds=ns["sim_load_seconds"],
+        speed=ns["sim_speed"],
+        slowdown=ns["sim_slowdown"],
+        accept_scale=ns["sim_accept_scale"],
+        noise_cv=ns["sim_noise_cv"],
         seed=sim_seed,
-        fault=ns.sim_fault,
+        fault=ns["sim_fault"],
         crash_after=crash_after,
         unknown_args=tuple(unknown),
+        launch_cv=ns["sim_launch_cv"],
+        launch_seed=launch_seed,
     )
-    return ResolvedArgs(server=server, sim=sim, notes=tuple(notes))
+    return ResolvedArgs(
+        server=server,
+        sim=sim,
+        notes=tuple(notes),
+        release=release,
+        fields=echo_fields(release, server, values),
+    )
 
 
 def apply_env_knobs(sim: SimOptions, env: Mapping[str, str]) -> SimOptions:
@@ -441,6 +680,7 @@ def apply_env_knobs(sim: SimOptions, env: Mapping[str, str]) -> SimOptions:
     slowdown = read(ENV_SLOWDOWN, _positive_float)
     accept_scale = read(ENV_ACCEPT_SCALE, _non_negative_float)
     noise_cv = read(ENV_NOISE_CV, _non_negative_float)
+    launch_cv = read(ENV_LAUNCH_CV, _non_negative_float)
     if not applied:
         return sim
     return dataclasses.replace(
@@ -448,22 +688,45 @@ def apply_env_knobs(sim: SimOptions, env: Mapping[str, str]) -> SimOptions:
         slowdown=sim.slowdown * (1.0 if slowdown is None else slowdown),
         accept_scale=sim.accept_scale * (1.0 if accept_scale is None else accept_scale),
         noise_cv=sim.noise_cv if noise_cv is None else noise_cv,
+        launch_cv=sim.launch_cv if launch_cv is None else launch_cv,
         env_knobs=tuple(applied),
     )
+
+
+def requested_release(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """The release named by ``--sim-sglang-version`` (last one wins), else by
+    ``SPECDECODE_SIM_SGLANG_VERSION``, else the newest; ``ValueError`` if unsupported."""
+    requested = None
+    for i, arg in enumerate(argv):
+        if arg == "--sim-sglang-version" and i + 1 < len(argv):
+            requested = argv[i + 1]
+        elif arg.startswith("--sim-sglang-version="):
+            requested = arg.split("=", 1)[1]
+    if requested is None:
+        requested = env.get(versions.ENV_SGLANG_VERSION, "").strip() or versions.newest()
+    return versions.normalize(requested)
 
 
 def parse_args(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> ResolvedArgs:
-    """Parse a command line; unknown flags are kept in ``sim.unknown_args``, never fatal.
+    """Parse a command line as the chosen SGLang release does: a flag it does not accept is a
+    usage error (exit status 2, argparse's message on stderr), as in SGLang.
 
-    ``env`` (the server's environment; ``None`` = none) supplies the :data:`ENV_KNOBS`; a bad
-    value there is a usage error, like a bad flag."""
-    parser = build_parser()
-    namespace, unknown = parser.parse_known_args(argv)
-    resolved = resolve(namespace, unknown)
+    ``env`` (the server's environment; ``None`` = none) supplies the :data:`ENV_KNOBS`, the
+    default SGLang version and ``SGLANG_GRPC_PORT``; a bad knob value is a usage error, like a
+    bad flag. ``StartupError`` for what the release itself refuses while resolving."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    environ = env or {}
     try:
-        sim = apply_env_knobs(resolved.sim, env or {})
+        release = requested_release(args, environ)
+    except ValueError as exc:
+        build_parser().error(f"argument --sim-sglang-version: {exc}")
+    parser = build_parser(release)
+    namespace = parser.parse_args(args)
+    resolved = resolve(namespace, release=release, env=environ)
+    try:
+        sim = apply_env_knobs(resolved.sim, environ)
     except ValueError as exc:
         parser.error(str(exc))
     return dataclasses.replace(resolved, sim=sim)

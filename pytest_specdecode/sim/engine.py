@@ -113,6 +113,11 @@ class Sequence:
     def completion_tokens(self) -> int:
         return len(self.output.ids)
 
+    @property
+    def queue_time(self) -> float:
+        """Seconds between arrival and admission (0 while still waiting)."""
+        return 0.0 if self.admitted_at is None else self.admitted_at - self.arrival
+
 
 @dataclass
 class _Step:
@@ -151,7 +156,9 @@ class Engine:
         disable_radix_cache: bool,
         metrics: SimMetrics | None,
         on_doomed_progress: Callable[[Sequence], None] | None = None,
+        cuda_graph: bool = True,
     ) -> None:
+        self._cuda_graph = cuda_graph
         self._costs = costs
         self._max_running = max_running_requests
         self._max_prefill_tokens = max_prefill_tokens
@@ -204,6 +211,11 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         return sum(1 for seq in (*self._waiting, *self._inbox) if not seq.aborted)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens held by running requests (prompt and output)."""
+        return sum(seq.prompt_tokens + seq.completion_tokens for seq in self._running)
 
     def flush_cache(self) -> bool:
         """SGLang's flush: refused while requests run or wait; clears the cache and spec stats."""
@@ -330,14 +342,17 @@ class Engine:
                 self._running_speed_sum += seq.speed
             seq.changed.set()
         scheduler_log.info(
-            "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, "
-            "token usage: %.2f, #running-req: %d, #queue-req: %d,",
+            "Prefill batch, #new-seq: %d, #new-token: %d, #cached-token: %d, "
+            "token usage: %.2f, #running-req: %d, #queue-req: %d, #pending-token: 0, "
+            "cuda graph: %s, input throughput (token/s): %.2f",
             len(step.admitted),
             step.new_tokens,
             cached_total,
             self._token_usage(),
             len(self._running),
             len(self._waiting) + len(self._inbox),
+            self._cuda_graph,
+            step.new_tokens / step.duration if step.duration > 0 else 0.0,
         )
 
     def _apply_decode(self, duration: float) -> None:
@@ -358,7 +373,9 @@ class Engine:
                 seq.accepted_drafts += tokens - 1
                 seq.accept_histogram[tokens - 1] += 1
                 self._interval_verify_ct += 1
-                self._interval_accept_tokens += tokens
+                # The server-wide accept length counts what the verify accepted, also where the
+                # request needed fewer tokens (SGLang trims the output after verifying).
+                self._interval_accept_tokens += accepted + 1
             else:
                 tokens = 1
             seq.output.extend(tokens)
@@ -429,14 +446,15 @@ class Engine:
             )
             stats.cum_spec_accept_tokens += self._interval_accept_tokens
             stats.cum_spec_verify_ct += self._interval_verify_ct
-            accept_part = f"accept len: {accept_length:.2f}, "
+            accept_part = f"accept len: {accept_length:.2f}, accept rate: {accept_rate:.2f}, "
         scheduler_log.info(
-            "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, %s"
-            "cuda graph: True, gen throughput (token/s): %.2f, #queue-req: %d,",
+            "Decode batch, #running-req: %d, #token: %d, token usage: %.2f, %s"
+            "cuda graph: %s, gen throughput (token/s): %.2f, #queue-req: %d",
             running,
             used_tokens,
             usage,
             accept_part,
+            self._cuda_graph,
             throughput,
             queued,
         )

@@ -1,8 +1,8 @@
 """Log lines in SGLang's style, on stderr, flushed line by line.
 
-SGLang prefixes scheduler lines with the rank (``[2026-11-29 12:00:00 TP0] ...``) and main-process
-lines with the time only (``[2026-11-29 12:00:00] ...``). A launcher reads the load phase from
-the log while the server starts, so every record is flushed as it is written.
+SGLang prefixes scheduler lines with the rank (``[2026-11-29 12:00:00 TP0] ...``, with TP > 1)
+and main-process lines with the time only (``[2026-11-29 12:00:00] ...``). A launcher reads the
+load phase from the log while the server starts, so every record is flushed as it is written.
 """
 
 from __future__ import annotations
@@ -19,16 +19,22 @@ main_log = logging.getLogger(SIM_LOGGER)
 
 
 class _SGLangFormatter(logging.Formatter):
+    def __init__(self, rank: bool = True) -> None:
+        super().__init__()
+        self._rank = rank
+
     def format(self, record: logging.LogRecord) -> str:
-        rank = " TP0" if record.name == SCHEDULER_LOGGER else ""
+        rank = " TP0" if self._rank and record.name == SCHEDULER_LOGGER else ""
         return f"[{self.formatTime(record, DATE_FORMAT)}{rank}] {record.getMessage()}" + (
             "\n" + self.formatException(record.exc_info) if record.exc_info else ""
         )
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, *, rank: bool = True) -> None:
+    """SGLang's format on stderr; ``rank``: prefix scheduler lines with `` TP0`` (SGLang does
+    with more than one TP rank; a TP-1 server's lines carry the time only)."""
     handler = logging.StreamHandler(sys.stderr)  # StreamHandler flushes after every record
-    handler.setFormatter(_SGLangFormatter())
+    handler.setFormatter(_SGLangFormatter(rank))
     logger = logging.getLogger(SIM_LOGGER)
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())

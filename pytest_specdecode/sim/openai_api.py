@@ -29,7 +29,7 @@ from pytest_specdecode.sim.httputil import (
 from pytest_specdecode.sim.inputs import GenerationInput, SamplingParams, verify_sampling_params
 from pytest_specdecode.sim.logs import SIM_LOGGER
 from pytest_specdecode.sim.native import MALFORMED_AFTER_CHUNKS, check_prompt_lengths
-from pytest_specdecode.sim.server import SimServer
+from pytest_specdecode.sim.server import SimServer, spec_meta_info
 from pytest_specdecode.sim.tokenizer import apply_chat_template, encode
 
 log = logging.getLogger(SIM_LOGGER)
@@ -43,6 +43,7 @@ class _OpenAIRequest:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    spec_details: bool = False  # return_spec_tokens_details (honoured from 0.5.19 on)
 
 
 def _sampling_from_openai(body: dict[str, Any], max_tokens: int | None) -> SamplingParams:
@@ -126,6 +127,7 @@ def _parse_completion(body: dict[str, Any]) -> _OpenAIRequest:
         bool(body.get("stream")),
         include_usage,
         continuous,
+        bool(body.get("return_spec_tokens_details")),
     )
 
 
@@ -155,6 +157,7 @@ def _parse_chat(body: dict[str, Any]) -> _OpenAIRequest:
         bool(body.get("stream")),
         include_usage,
         continuous,
+        bool(body.get("return_spec_tokens_details")),
     )
 
 
@@ -171,6 +174,36 @@ def _usage(server: SimServer, seqs: list[Sequence]) -> dict[str, Any]:
         "prompt_tokens_details": details,
         "reasoning_tokens": 0,
     }
+
+
+def _sglext(server: SimServer, parsed: _OpenAIRequest, seqs: list[Sequence]) -> dict[str, Any]:
+    """``{"sglext": {"spec_tokens_details": ...}}`` where the release returns it (0.5.19+, asked
+    with ``return_spec_tokens_details``, on a speculative server), else ``{}``: SGLang builds it
+    from each request's final ``meta_info`` spec fields (``spec_tokens_details_from_meta_info``
+    in ``entrypoints/openai/utils.py``), one object per request, a list for several."""
+    if not (parsed.spec_details and server.era.openai_spec_details and server.speculative):
+        return {}
+    details = []
+    for seq in seqs:
+        meta = spec_meta_info(seq, server.num_draft_tokens, server.era)
+        if not meta:
+            continue  # no verify step: SGLang 0.5.23 sends no spec fields, hence no details
+        details.append(
+            {
+                "spec_accept_rate": meta.get("spec_accept_rate") or 0.0,
+                "spec_accept_length": meta.get("spec_accept_length") or 0.0,
+                "spec_cap_length": 0.0,
+                "spec_block_accept_length": 0.0,
+                "spec_num_correct_drafts": meta.get("spec_num_correct_drafts") or 0,
+                "spec_num_proposed_drafts": meta.get("spec_num_proposed_drafts") or 0,
+                "spec_verify_ct": meta.get("spec_verify_ct") or 0,
+                "spec_correct_drafts_histogram": meta.get("spec_correct_drafts_histogram") or [],
+                "spec_cap_lens_histogram": [],
+            }
+        )
+    if not details:
+        return {}
+    return {"sglext": {"spec_tokens_details": details if len(seqs) > 1 else details[0]}}
 
 
 def _finish(server: SimServer, seq: Sequence) -> tuple[str | None, int | None]:
@@ -253,6 +286,7 @@ async def _handle(
             "choices": choices,
             "usage": _usage(server, seqs),
             "metadata": {"weight_version": server.args.weight_version},
+            **_sglext(server, parsed, seqs),
         }
     )
 
@@ -273,11 +307,12 @@ async def _stream(
     def chunk(delta: str | None, finish: str | None, matched: int | None, role: bool) -> bytes:
         choice: dict[str, Any] = {"index": 0}
         if chat:
-            choice["delta"] = (
-                {"role": "assistant" if role else None, "content": delta}
-                if delta is not None
-                else {}
-            )
+            if delta is None:
+                choice["delta"] = {}
+            elif role:  # upstream's opening chunk also carries an empty reasoning field
+                choice["delta"] = {"reasoning_content": None, "role": "assistant", "content": delta}
+            else:
+                choice["delta"] = {"role": None, "content": delta}
         else:
             choice["text"] = delta or ""
         choice.update(logprobs=None, finish_reason=finish, matched_stop=matched)
@@ -307,12 +342,13 @@ async def _stream(
                 sent = count
             if chat and finish:
                 yield b"data: " + chunk(None, finish, matched, role=False) + b"\n\n"
+        extension = _sglext(server, parsed, seqs)
+        if extension:  # its own chunk, "choices": [] (sglext is at response level), as upstream
+            yield b"data: " + dumps({**header, "choices": [], **extension}) + b"\n\n"
         if parsed.include_usage:
-            yield (
-                b"data: "
-                + dumps({**header, "choices": [], "usage": _usage(server, [seq])})
-                + (b"\n\n")
-            )
+            # The closing usage drops unset fields (real 0.5.15: no prompt_tokens_details).
+            usage = {k: v for k, v in _usage(server, [seq]).items() if v is not None}
+            yield b"data: " + dumps({**header, "choices": [], "usage": usage}) + b"\n\n"
         yield SSE_DONE
     finally:
         for each in seqs:

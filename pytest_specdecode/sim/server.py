@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_specdecode import __version__
+from pytest_specdecode.sim import versions
 from pytest_specdecode.sim.args import ResolvedArgs
 from pytest_specdecode.sim.engine import Engine, Sequence
 from pytest_specdecode.sim.faults import FaultState
@@ -33,8 +34,9 @@ from pytest_specdecode.sim.model import (
 from pytest_specdecode.sim.prom import SimMetrics
 from pytest_specdecode.sim.tokenizer import EOS_TOKEN_ID, OutputTokens, prompt_key
 
-#: What /server_info reports as SGLang's version: an SGLang-like number that says "simulated".
-SIMULATED_SGLANG_VERSION = "0.5.6-simulated"
+#: What /server_info reports as SGLang's version: the release spoken, with a PEP 440 local
+#: label that says "simulated" (``0.5.23+simulated``; its base version is the release).
+SIMULATED_VERSION_LABEL = "+simulated"
 
 main_log = logging.getLogger(SIM_LOGGER)
 
@@ -93,14 +95,23 @@ class SimServer:
         self.args = resolved.server
         self.sim = resolved.sim
         self.constants = constants
+        self.release = resolved.release or versions.newest()
+        self.era = versions.era(self.release)
+        self.started_at = time.time()
         args = self.args
         self.speculative = args.speculative_algorithm is not None
         self.nccl_share = nccl_tuning_share(env, constants)
         self.communication_share = communication_share(
             self.nccl_share, args.tp_size, args.disable_custom_all_reduce, constants
         )
-        self.num_steps = args.speculative_num_steps or 0
         self.num_draft_tokens = args.speculative_num_draft_tokens or 1
+        # NGRAM drafts a token tree without draft-model steps: its depth is the draft budget.
+        self.num_steps = args.speculative_num_steps or 0
+        if args.speculative_algorithm == "NGRAM":
+            self.num_steps = max(1, self.num_draft_tokens - 1)
+        #: This launch's speed factor (``--sim-launch-cv``): every step of the launch is
+        #: faster or slower by it, as two launches of one profile differ on real hardware.
+        self.launch_factor = self.sim.launch_factor
         self.costs = step_costs(
             PerfConfig(
                 tp_size=args.tp_size,
@@ -111,7 +122,7 @@ class SimServer:
                 eagle_topk=args.speculative_eagle_topk or 1,
                 num_draft_tokens=self.num_draft_tokens,
                 nccl_share=self.nccl_share,
-                speed=self.sim.speed,
+                speed=self.sim.speed * self.launch_factor,
                 slowdown=self.sim.slowdown,
             ),
             constants,
@@ -130,6 +141,7 @@ class SimServer:
             disable_radix_cache=args.disable_radix_cache,
             metrics=self.metrics,
             on_doomed_progress=self._crash,
+            cuda_graph=not args.disable_cuda_graph,
         )
         self.status = ServerStatus.STARTING
         self._next_index = 0
@@ -271,27 +283,43 @@ class SimServer:
         return {"type": "length", "length": seq.target_tokens}
 
     def meta_info(self, seq: Sequence, count: int) -> dict[str, Any]:
-        """``meta_info`` for a response showing ``count`` tokens; final fields once finished."""
+        """``meta_info`` for a response showing ``count`` tokens, in the shape and key order of
+        the release spoken; final fields once finished."""
+        era = self.era
         final = seq.finished and count == seq.completion_tokens
+        timing = self.args.enable_metrics
         info: dict[str, Any] = {
             "id": seq.rid,
             "finish_reason": self.finish_reason(seq) if final else None,
             "prompt_tokens": seq.prompt_tokens,
             "weight_version": self.args.weight_version,
-            "total_retractions": 0,
-            "completion_tokens": count,
-            "cached_tokens": seq.cached_tokens,
+            era.retractions_key: 0,
         }
+        if era.modern_meta:
+            if timing:
+                info["queue_time"] = seq.queue_time
+            info["reasoning_tokens"] = 0
+        info["completion_tokens"] = count
+        info["cached_tokens"] = seq.cached_tokens
+        if era.cached_tokens_details:
+            # Upstream sends the breakdown once something was cached (null before).
+            info["cached_tokens_details"] = (
+                {"device": seq.cached_tokens, "host": 0} if seq.cached_tokens else None
+            )
+        if era.modern_meta:
+            info["dp_rank"] = None
         if seq.logprobs is not None:
             info.update(logprob_meta_info(seq.logprobs, seq.output, count))
         if not final:
+            if era.modern_meta and timing:
+                info["response_sent_to_client_ts"] = time.time()
             return info
-        if self.speculative:
-            info.update(spec_meta_info(seq, self.num_draft_tokens))
         end = seq.finish_time if seq.finish_time is not None else seq.last_token_time
         info["e2e_latency"] = end - seq.arrival
-        if self.args.enable_metrics:
-            info.update(timing_meta_info(seq, end))
+        if self.speculative:
+            info.update(spec_meta_info(seq, self.num_draft_tokens, era))
+        if timing:
+            info.update(timing_meta_info(seq, end, modern=era.modern_meta))
         return info
 
     # -- info routes ----------------------------------------------------------------------------
@@ -321,46 +349,83 @@ class SimServer:
         }
 
     def internal_state(self) -> dict[str, Any]:
+        """One DP rank's scheduler state: the resolved server args plus live figures, as the
+        scheduler's ``get_internal_state`` answers."""
         stats = self.engine.stats
-        state: dict[str, Any] = {
-            "attention_backend": self.args.attention_backend or "flashinfer",
-            "speculative_accept_threshold_single": self.args.speculative_accept_threshold_single,
-            "speculative_accept_threshold_acc": self.args.speculative_accept_threshold_acc,
-            "last_gen_throughput": stats.last_gen_throughput,
-            "memory_usage": {
-                "weight": round(self.memory.weights_gb, 2),
-                "kvcache": round(self.memory.kv_cache_gb, 2),
-                "token_capacity": self.memory.max_total_num_tokens,
-                "graph": self.memory.cuda_graph_gb,
-            },
+        state: dict[str, Any] = dict(self.resolved.fields)
+        if self.era.derived_grpc_port:
+            state["enable_grpc"] = False
+            state["grpc_port"] = self.args.port + 10000
+        if self.speculative:
+            state["max_speculative_num_draft_tokens"] = self.num_draft_tokens
+        state["last_gen_throughput"] = stats.last_gen_throughput
+        state["memory_usage"] = {
+            "weight": round(self.memory.weights_gb, 2),
+            "kvcache": round(self.memory.kv_cache_gb, 2),
+            "token_capacity": self.memory.max_total_num_tokens,
+            "graph": 0 if self.args.disable_cuda_graph else self.memory.cuda_graph_gb,
         }
+        state["effective_max_running_requests_per_dp"] = self.memory.max_running_requests
         # Present only with speculation on and a count folded in, as upstream.
         if self.speculative and stats.avg_spec_accept_length is not None:
             state["avg_spec_accept_length"] = stats.avg_spec_accept_length
         return state
 
     def server_info(self) -> dict[str, Any]:
-        return {
-            **self.args.echo(),
-            "max_total_num_tokens": self.memory.max_total_num_tokens,
-            "max_req_input_len": self.memory.max_req_input_len,
-            "internal_states": [self.internal_state()],
-            "version": SIMULATED_SGLANG_VERSION,
-            "simulated": True,
-            "sim_version": __version__,
-            "sim_seed": self.sim.seed,
-            "sim_speed": self.sim.speed,
-            "sim_slowdown": self.sim.slowdown,
-            "sim_accept_scale": self.sim.accept_scale,
-            "sim_noise_cv": self.sim.noise_cv,
-            "sim_env_knobs": list(self.sim.env_knobs),
-            "sim_nccl_tuning": self.nccl_share,
-            "sim_communication_share": self.communication_share,
-            "sim_fault": self.sim.fault,
-            "sim_unknown_args": list(self.sim.unknown_args),
-            "sim_engine_max_lag_seconds": self.engine.max_lag,
-            "sim_model_constants": str(MODEL_CONSTANTS_PATH),
-        }
+        """``/server_info`` of the release spoken: every ServerArgs field of that release, the
+        scheduler's figures, then the simulator's own ``simulated``/``sim_*`` fields."""
+        patch = self.era.patch
+        info: dict[str, Any] = dict(self.resolved.fields)
+        if patch >= 20:
+            info["launch_command"] = None
+        info["status"] = "ready"
+        info["max_total_num_tokens"] = self.memory.max_total_num_tokens
+        info["max_req_input_len"] = self.memory.max_req_input_len
+        if patch >= 13:
+            info["kv_events"] = None
+        if patch >= 20:
+            info["startup_time"] = self.started_at
+        info["internal_states"] = [self.internal_state()]
+        info["version"] = self.release + SIMULATED_VERSION_LABEL
+        if patch >= 23:
+            info["frontend"] = "python"
+        info.update(
+            {
+                "simulated": True,
+                "sim_version": __version__,
+                "sim_sglang_version": self.release,
+                "sim_seed": self.sim.seed,
+                "sim_speed": self.sim.speed,
+                "sim_slowdown": self.sim.slowdown,
+                "sim_accept_scale": self.sim.accept_scale,
+                "sim_noise_cv": self.sim.noise_cv,
+                "sim_launch_cv": self.sim.launch_cv,
+                "sim_launch_seed": self.sim.launch_seed,
+                "sim_launch_speed_factor": self.launch_factor,
+                "sim_env_knobs": list(self.sim.env_knobs),
+                "sim_nccl_tuning": self.nccl_share,
+                "sim_communication_share": self.communication_share,
+                "sim_fault": self.sim.fault,
+                "sim_unknown_args": list(self.sim.unknown_args),
+                "sim_engine_max_lag_seconds": self.engine.max_lag,
+                "sim_model_constants": str(MODEL_CONSTANTS_PATH),
+            }
+        )
+        return info
+
+    def load(self) -> list[dict[str, Any]]:
+        """``/get_load``: one entry per DP rank."""
+        running = self.engine.num_running
+        return [
+            {
+                "dp_rank": 0,
+                "num_reqs": running + self.engine.num_waiting,
+                "num_waiting_reqs": self.engine.num_waiting,
+                "num_tokens": self.engine.num_tokens,
+                "num_pending_tokens": 0,
+                "ts_tic": time.perf_counter(),
+            }
+        ]
 
     # -- health ---------------------------------------------------------------------------------
 
@@ -396,32 +461,70 @@ class SimServer:
 _PROBE_SAMPLING = SamplingParams(max_new_tokens=1, temperature=0.0)
 
 
-def spec_meta_info(seq: Sequence, num_draft_tokens: int) -> dict[str, Any]:
-    """The final-response ``spec_*`` fields (SGLang era B names; bonus token excluded from
-    ``spec_accept_token_num``)."""
+def spec_meta_info(seq: Sequence, num_draft_tokens: int, era: versions.Era) -> dict[str, Any]:
+    """The final-response ``spec_*`` fields under the release's names.
+
+    ``spec_accept_length`` is per request: completion tokens (the first one from prefill
+    included) / verify steps. From 0.5.7 on nothing is sent for a request without a verify
+    step; 0.5.6 sends zeros and the count."""
     verify_ct = seq.verify_ct
     if verify_ct == 0:
-        return {"spec_verify_ct": 0, "spec_accept_rate": 0.0, "spec_accept_length": 0}
+        if era.spec_meta_always:
+            return {"spec_accept_rate": 0.0, "spec_accept_length": 0, "spec_verify_ct": 0}
+        return {}
     proposed = verify_ct * max(1, num_draft_tokens - 1)
-    return {
-        "spec_verify_ct": verify_ct,
+    accepted = seq.accepted_drafts
+    info: dict[str, Any] = {
+        "spec_accept_rate": accepted / proposed,
         "spec_accept_length": seq.completion_tokens / verify_ct,
-        "spec_accept_rate": seq.accepted_drafts / proposed,
-        "spec_accept_token_num": seq.accepted_drafts,
-        "spec_draft_token_num": proposed,
-        "spec_accept_histogram": list(seq.accept_histogram),
     }
+    histogram = list(seq.accept_histogram)
+    names = era.spec_names
+    if names == "token_num":
+        info.update(
+            spec_accept_token_num=accepted, spec_draft_token_num=proposed, spec_verify_ct=verify_ct
+        )
+        if era.accept_histogram:
+            info["spec_accept_histogram"] = histogram
+        return info
+    if names == "drafts":
+        info.update(
+            spec_accepted_drafts=accepted, spec_proposed_drafts=proposed, spec_verify_ct=verify_ct
+        )
+        info["spec_accept_histogram"] = histogram
+        return info
+    info.update(
+        spec_num_correct_drafts=accepted,
+        spec_num_proposed_drafts=proposed,
+        spec_verify_ct=verify_ct,
+    )
+    if names == "correct":
+        info.update(spec_accepted_drafts=accepted, spec_proposed_drafts=proposed)
+    info["spec_correct_drafts_histogram"] = histogram
+    if names == "correct":
+        info["spec_accept_histogram"] = histogram
+    return info
 
 
-def timing_meta_info(seq: Sequence, end: float) -> dict[str, Any]:
+def timing_meta_info(seq: Sequence, end: float, *, modern: bool) -> dict[str, Any]:
     """``--enable-metrics`` timing fields (final response only), Unix timestamps as upstream.
 
     Engine times are event-loop (monotonic) seconds; they are mapped to the wall clock now.
-    """
+    Before 0.5.10 the fields were those of the tokenizer manager (prefill/decode finish, inference
+    time); from 0.5.10 on the request's dispatch and finish timestamps."""
     to_unix = time.time() - asyncio.get_running_loop().time()
     admitted = seq.admitted_at if seq.admitted_at is not None else seq.arrival
     first = seq.first_token_time if seq.first_token_time is not None else end
     decode_seconds = end - first
+    throughput = seq.completion_tokens / decode_seconds if decode_seconds > 0 else 0.0
+    if modern:
+        return {
+            "request_received_ts": seq.arrival + to_unix,
+            "api_server_dispatch_finish_ts": seq.arrival + to_unix,
+            "request_finished_ts": end + to_unix,
+            "decode_throughput": throughput,
+            "response_sent_to_client_ts": time.time(),
+        }
     return {
         "queue_time": admitted - seq.arrival,
         "request_received_ts": seq.arrival + to_unix,
@@ -429,7 +532,7 @@ def timing_meta_info(seq: Sequence, end: float) -> dict[str, Any]:
         "decode_finished_ts": end + to_unix,
         "response_sent_to_client_ts": time.time(),
         "inference_time": end - admitted,
-        "decode_throughput": seq.completion_tokens / decode_seconds if decode_seconds > 0 else 0.0,
+        "decode_throughput": throughput,
     }
 
 

@@ -19,6 +19,7 @@ import docker.errors
 import httpx
 import pytest
 
+from pytest_specdecode.backends import SGLANG_PHASES
 from pytest_specdecode.errors import ServerStartError
 from pytest_specdecode.servers.docker import (
     LABEL_FINGERPRINT,
@@ -47,7 +48,7 @@ def ready(launcher: DockerLauncher, timeout: float = 60.0, **kwargs: object) -> 
         name=f"sim in {launcher.name}",
         timeout=timeout,
         exit_code=launcher.exit_code,
-        log=LogTail(launcher.log_path),
+        log=LogTail(launcher.log_path, SGLANG_PHASES),
         poll_interval=0.1,
         **kwargs,  # type: ignore[arg-type]
     )
@@ -68,7 +69,11 @@ def test_launch_serve_and_stop(launch: LaunchFactory, docker_client: docker.Dock
     phases: list[str] = []
     ready(launcher, on_progress=lambda p: phases.append(p.phase))
     # The log is copied while the container runs: the load phases were seen live.
-    assert {"loading weights", "capturing CUDA graphs", "warming up"} & set(phases), phases
+    assert {
+        "loading the target model's weights",
+        "capturing the target's prefill CUDA graphs",
+        "warming up",
+    } & set(phases), phases
 
     with httpx.Client(base_url=launcher.base_url, trust_env=False, timeout=30.0) as http:
         response = http.post("/generate", json=GENERATE)
@@ -205,7 +210,11 @@ def test_progress_phases_are_from_the_container_log(launch: LaunchFactory) -> No
     launcher.start()
     seen: list[Progress] = []
     ready(launcher, on_progress=seen.append)
-    assert seen[0].phase in ("starting", "loading weights")
+    assert seen[0].phase in (
+        "starting",
+        "initialising torch.distributed",
+        "loading the target model's weights",
+    )
     assert any(p.phase != "starting" for p in seen)
 
 

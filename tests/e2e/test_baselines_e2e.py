@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from pytest_specdecode.sim import versions
+
 if TYPE_CHECKING:
     from conftest import Project
 
@@ -332,8 +334,9 @@ def test_a_soft_mismatch_warns_and_a_workload_change_is_refused(quiet_project: P
     quiet_project.run(*RECORD).assert_outcomes(passed=2)
     soft = baseline(quiet_project, "test_soft")
     record = json.loads(soft.read_text())
-    assert record["fingerprint"]["soft"]["server_version"] == "0.5.6-simulated"
-    record["fingerprint"]["soft"]["server_version"] = "0.5.4-simulated"
+    now = f"{versions.newest()}+simulated"  # the release the simulator speaks by default
+    assert record["fingerprint"]["soft"]["server_version"] == now
+    record["fingerprint"]["soft"]["server_version"] = "0.5.6+simulated"
     soft.write_text(json.dumps(record, indent=2, sort_keys=True))
     shape = "max_new_tokens = {}\nrequests_per_run = 2"
     toml.write_text(toml.read_text().replace(shape.format(64), shape.format(48)))
@@ -342,7 +345,7 @@ def test_a_soft_mismatch_warns_and_a_workload_change_is_refused(quiet_project: P
     checked.assert_outcomes(passed=1, failed=1, warnings=1)
     warning = (
         "compared, but soft fields differ from the baseline: server_version: baseline "
-        "'0.5.4-simulated', now '0.5.6-simulated'"
+        f"'0.5.6+simulated', now '{now}'"
     )
     checked.stdout.fnmatch_lines(
         [

@@ -58,7 +58,7 @@ num_draft_tokens = 3
 
 [profiles.ngram]
 env = "nccl_tuned"
-speculative = {{ algorithm = "NGRAM", num_steps = 2, eagle_topk = 1, num_draft_tokens = 3 }}
+speculative = {{ algorithm = "NGRAM", num_draft_tokens = 8 }}
 extra_args = {fast}
 [workloads.fast]
 prompt_set = "mixed"

@@ -299,7 +299,10 @@ def test_pool_reports_a_container_that_exits_while_loading_with_its_code_and_log
     took = time.monotonic() - start
     message = str(info.value)
     # The sim SIGKILLs itself about a second into the load; docker reports 128 + 9.
-    assert re.search(r"exited with code 137 after [\d.]+s while capturing CUDA graphs", message)
+    assert re.search(
+        r"exited with code 137 after [\d.]+s while capturing the target's prefill CUDA graphs",
+        message,
+    )
     assert info.value.exit_code == 137
     assert "Capture cuda graph failed: CUDA out of memory" in message
     assert 0 < len(info.value.log_tail) <= 50

@@ -16,6 +16,11 @@ import threading
 import time
 
 import pytest
+from contract.sglang_sources import cache_dir, stubbed_release, write_stub_site
+
+# where scripts/provision-sglang-client.sh put the SGLang sources (resolved before pytester
+# points HOME elsewhere)
+SGLANG_SOURCES_CACHE = cache_dir()
 
 RUNS = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
 
@@ -30,7 +35,8 @@ warmup_requests = 1
 [profiles.nospec]
 extra_args = ["--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1"]
 
-# Exits about a second into its load, while "capturing CUDA graphs" (speed 1: real seconds).
+# Exits about a second into its load, while "capturing the target's prefill CUDA graphs"
+# (speed 1: real seconds).
 [profiles.dies]
 extra_args = ["--sim-speed", "1", "--sim-load-seconds", "1", "--sim-fault", "exit-during-load"]
 
@@ -116,7 +122,9 @@ def test_exit_during_load_fails_every_test_of_that_server_within_seconds(project
 
     first = section(result, "test_1_dies")
     assert re.search(
-        r"server 'dies' exited with code -9 after [\d.]+s while capturing CUDA graphs", first
+        r"server 'dies' exited with code -9 after [\d.]+s while capturing the target's prefill "
+        r"CUDA graphs",
+        first,
     )
     tail = re.search(r"last (\d+) log lines:", first)
     assert tail is not None
@@ -147,7 +155,7 @@ def test_startup_timeout_fails_with_the_phase_and_the_log_tail(project):
     first = section(result, "test_1_slow")
     assert re.search(
         r"server 'slow' was not ready after 2s \(startup_timeout 2s\); last phase: loading "
-        r"weights\. Raise the profile's startup_timeout",
+        r"the target model's weights\. Raise the profile's startup_timeout",
         first,
     )
     assert re.search(r"server log: \S+/slow-[\d-]+\.log", first)
@@ -260,7 +268,7 @@ def test_a_signal_during_the_load_leaves_no_process(project, signum):
         # The live progress line: elapsed time, timeout and the phase read from the log.
         out.wait_for(
             r"^specdecode: server 'minute' loading\.\.\. \d+s \(timeout 120s\), "
-            r"phase: loading weights$",
+            r"phase: loading the target model's weights$",
             timeout=30,
         )
         assert len(project.sim_processes()) == 1
@@ -359,3 +367,50 @@ def test_a_server_orphaned_by_a_killed_pytest_is_adopted_and_stopped_later(proje
     assert "nospec launched 0, reused 1, stopped 1" in server_counts(result)
     assert project.sim_processes() == []
     assert state_entries(project) == {}
+
+
+def test_a_flag_the_servers_sglang_rejects_fails_in_the_preflight_without_a_load(
+    project, monkeypatch, tmp_path
+):
+    # SGLang 0.5.23's real argument parser (its own sources, third-party modules stubbed: see
+    # tests/contract/sglang_sources.py) stands in for the GPU box's SGLang. --stream-output
+    # existed up to 0.5.19 and is gone in 0.5.23: a 900-second load would die of it at its end
+    # of imports; the preflight says so before anything starts.
+    monkeypatch.setenv("SPECDECODE_CACHE", str(SGLANG_SOURCES_CACHE))  # pytester moved HOME
+    site = tmp_path / "site"
+    site.mkdir()
+    release = stubbed_release("0.5.23", write_stub_site(site))
+    # The profile's interpreter: this Python with that SGLang on its path (pytest itself must
+    # not see the stubs).
+    python = tmp_path / "sglang-python"
+    python.write_text(
+        "#!/bin/sh\n"
+        f"export PYTHONPATH={release.env['PYTHONPATH']} SGLANG_SRC={release.env['SGLANG_SRC']}\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    project.profiles(
+        PROFILES
+        + f"""
+        [profiles.old-flag]
+        launcher = "sglang"
+        python = "{python}"
+        model_path = "/models/tiny-llm"
+        startup_timeout = 600
+        extra_args = ["--stream-output"]
+        """
+    )
+    project.tests(suite_of("old-flag"))
+    started = time.monotonic()
+    result = project.run(*RUNS)
+    took = time.monotonic() - started
+    result.assert_outcomes(errors=1)
+    text = section(result, "test_1_old_flag")
+    assert re.search(
+        r"server 'old-flag' was not launched: SGLang 0\.5\.23 \(.*python.*\) rejects the launch "
+        r"command: .*unrecognized arguments: --stream-output\. Fix the flag",
+        text,
+    ), text
+    assert "--specdecode-skip-preflight" in text
+    assert server_counts(result) == "servers: old-flag launched 0, reused 0, stopped 0, failed 1"
+    assert took < 60  # seconds, not a load's startup timeout

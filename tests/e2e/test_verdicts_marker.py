@@ -178,7 +178,8 @@ def test_the_fixture_measures_once_and_the_plugin_judges_that_measurement(
     profiles = (project.path / "specdecode.toml").read_text()
     project.profiles(profiles + METRICS_PROFILE)
     project.tests(OWN_MEASUREMENT)
-    project.run("--update-baselines").assert_outcomes(passed=1)
+    # (the noise guard is not under test here; a busy 2-core machine can push 3 runs over 8%)
+    project.run("--update-baselines", "--specdecode-force-baseline").assert_outcomes(passed=1)
 
     checked = project.run()
     checked.assert_outcomes(passed=1)

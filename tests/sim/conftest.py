@@ -18,6 +18,9 @@ from typing import Any, NoReturn
 import httpx
 import pytest
 
+from pytest_specdecode.backends import SGLANG_PORT_RANGE
+from pytest_specdecode.servers.launcher import find_free_port
+
 #: The seed's NCCL tuning (DESIGN.md section 1).
 NCCL_TUNED = {
     "NCCL_PROTO": "LL",
@@ -46,10 +49,8 @@ EAGLE3_5STEP = (
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A free port the way the plugin picks one for SGLang: where every release accepts it."""
+    return find_free_port("127.0.0.1", port_range=SGLANG_PORT_RANGE)
 
 
 def port_is_open(port: int) -> bool:

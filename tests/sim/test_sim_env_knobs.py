@@ -23,7 +23,7 @@ BASE = ["--model-path", "m"]
 
 def test_without_the_variables_nothing_changes() -> None:
     flags = [*BASE, "--sim-slowdown", "1.5", "--sim-accept-scale", "0.9", "--sim-noise-cv", "0.1"]
-    flags += ["--sim-seed", "7"]
+    flags += ["--sim-seed", "7", "--sim-launch-seed", "1"]
     sim = parse_args(flags, {"UNRELATED": "1"}).sim
     assert (sim.slowdown, sim.accept_scale, sim.noise_cv) == (1.5, 0.9, 0.1)
     assert sim.env_knobs == ()

@@ -34,7 +34,7 @@ def test_exit_during_load_dies_with_a_traceback_before_binding(start_sim: StartS
         time.sleep(0.02)
     assert sim.proc.returncode != 0
     log = sim.log()
-    assert "Capture cuda graph begin" in log
+    assert "KV Cache is allocated" in log
     assert "Traceback (most recent call last)" in log
     assert "Capture cuda graph failed" in log
     assert "Received sigquit from a child process" in log

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from .conftest import SimProcess, StartSim, sse_events, stream_json
+from .conftest import EAGLE3_2STEP, SimProcess, StartSim, sse_events, stream_json
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +110,34 @@ def test_error_inside_an_openai_stream(client: httpx.Client) -> None:
     error = json.loads(events[0])["error"]
     assert error["object"] == "error"
     assert "temperature" in error["message"]
+
+
+@pytest.mark.parametrize(("version", "details"), [("0.5.18", False), ("0.5.19", True)])
+def test_spec_tokens_details_come_with_0_5_19_as_sglext(
+    start_sim: StartSim, version: str, details: bool
+) -> None:
+    sim = start_sim(*EAGLE3_2STEP, "--sim-sglang-version", version)
+    ask = {**COMPLETION, "return_spec_tokens_details": True}
+    with sim.client() as client:
+        body = client.post("/v1/completions", json=ask).json()
+        streamed = {**ask, "stream": True, "stream_options": {"include_usage": True}}
+        with client.stream("POST", "/v1/completions", json=streamed) as response:
+            events = stream_json(response)
+        chat = client.post(
+            "/v1/chat/completions", json={**CHAT, "return_spec_tokens_details": True}
+        )
+    if not details:
+        assert "sglext" not in body
+        assert not any("sglext" in event for event in events)
+        assert "sglext" not in chat.json()
+        return
+    spec = body["sglext"]["spec_tokens_details"]
+    assert spec["spec_verify_ct"] > 0
+    assert spec["spec_accept_length"] == pytest.approx(24 / spec["spec_verify_ct"])
+    assert sum(spec["spec_correct_drafts_histogram"]) == spec["spec_verify_ct"]
+    # Streaming: its own chunk, with no choices, before the usage chunk.
+    extension = [event for event in events if "sglext" in event]
+    assert len(extension) == 1
+    assert extension[0]["choices"] == []
+    assert events.index(extension[0]) == len(events) - 2
+    assert "spec_verify_ct" in chat.json()["sglext"]["spec_tokens_details"]

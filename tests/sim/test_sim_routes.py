@@ -89,11 +89,15 @@ def test_generate_meta_info_and_accept_length(client: httpx.Client) -> None:
     verify_ct = meta["spec_verify_ct"]
     assert meta["spec_accept_length"] == pytest.approx(500 / verify_ct)
     assert 1.6 < 500 / verify_ct < 2.15  # model expectation 1.87 for EAGLE3 2-step, greedy
-    assert sum(meta["spec_accept_histogram"]) == verify_ct
-    assert len(meta["spec_accept_histogram"]) == 3  # 0..num_steps drafts accepted
-    accepted = sum(i * n for i, n in enumerate(meta["spec_accept_histogram"]))
-    assert meta["spec_accept_token_num"] == accepted
-    assert meta["spec_draft_token_num"] == verify_ct * 2
+    histogram = meta["spec_correct_drafts_histogram"]  # SGLang 0.5.23's names (the default)
+    assert sum(histogram) == verify_ct
+    assert len(histogram) == 3  # 0..num_steps drafts accepted
+    accepted = sum(i * n for i, n in enumerate(histogram))
+    assert meta["spec_num_correct_drafts"] == accepted
+    assert meta["spec_num_proposed_drafts"] == verify_ct * 2
+    assert not {"spec_accept_token_num", "spec_accepted_drafts", "spec_accept_histogram"} & set(
+        meta
+    )
     assert meta["spec_accept_rate"] == pytest.approx(accepted / (verify_ct * 2))
     assert result["text"].strip()
 
@@ -167,7 +171,7 @@ def test_streaming_is_cumulative_with_final_fields_last(client: httpx.Client) ->
     assert all("spec_verify_ct" not in c["meta_info"] for c in chunks[:-1])
     final = chunks[-1]["meta_info"]
     assert final["finish_reason"]["type"] == "length"
-    assert {"e2e_latency", "spec_verify_ct", "spec_accept_histogram"} <= set(final)
+    assert {"e2e_latency", "spec_verify_ct", "spec_correct_drafts_histogram"} <= set(final)
     # Under speculation one verify adds several tokens, so some chunk carries more than one.
     assert max(b - a for a, b in itertools.pairwise(counts)) > 1
 

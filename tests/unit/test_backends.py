@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -17,6 +18,7 @@ from pytest_specdecode.adapters import LlamaCppCompletions, SglangGenerate, prom
 from pytest_specdecode.backends import (
     LLAMACPP_PHASES,
     SGLANG_PHASES,
+    SGLANG_PORT_RANGE,
     LlamaCppBackend,
     SglangBackend,
     SpecCounters,
@@ -29,6 +31,7 @@ from pytest_specdecode.errors import ConfigError, RequestError
 from pytest_specdecode.profiles import ServerProfile
 from pytest_specdecode.profiles.llamacpp import LlamaCppOptions, LlamaCppSpeculative
 from pytest_specdecode.records import RequestRecord, RunRecord
+from pytest_specdecode.servers.launcher import find_free_port
 from pytest_specdecode.servers.readiness import LogTail
 from pytest_specdecode.workloads import Prompt, Workload
 
@@ -597,3 +600,45 @@ def test_counters_that_go_backwards_mean_a_restart() -> None:
     after = SpecCounters(drafts=7, draft_tokens=13, accepted=13)
     with pytest.raises(RequestError, match=r"went backwards during the run .* restarted"):
         llamacpp_run_extras(before, after, run_of({"draft_n": 13}), where="run 1")
+
+
+def test_sglang_launch_ports_are_ones_every_release_accepts() -> None:
+    # SGLang 0.5.11-0.5.15 refuse a main port above 55535 (their derived gRPC port, port +
+    # 10000, must be <= 65535): 2 of 10 OS-chosen ephemeral ports died of it on an H200.
+    backend = backend_for(SGLANG)
+    low, high = backend.port_range or (0, 0)
+    assert (low, high) == SGLANG_PORT_RANGE == (10000, 20800)
+    assert high + 10000 <= 65535
+    assert high < 22000  # below SGLang 0.5.22+'s own NCCL port range and the ephemeral ports
+    ports = [
+        find_free_port("127.0.0.1", port_range=backend.port_range, derived=backend.derived_ports)
+        for _ in range(50)
+    ]
+    assert all(low <= port <= high for port in ports)
+    assert backend.derived_ports(12345) == ()  # single-node SGLang talks over IPC files
+
+
+def test_dp_attention_makes_sglang_bind_more_ports_and_they_must_be_free() -> None:
+    dp = backend_for(dataclasses.replace(SGLANG, extra_args=("--enable-dp-attention",)))
+    assert dp.derived_ports(10000) == (10013, *range(10233, 10240))
+    # A port whose derived port is taken is never chosen.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        taken = holder.getsockname()[1]
+        holder.listen()
+        with pytest.raises(OSError, match=r"no free port in .* \(with the ports the server"):
+            find_free_port(
+                "127.0.0.1",
+                port_range=(taken - 13, taken - 13),
+                derived=dp.derived_ports,
+                attempts=3,
+            )
+    # and the ports of servers recorded on this machine are avoided
+    with pytest.raises(OSError):
+        find_free_port("127.0.0.1", port_range=(15000, 15000), avoid={15000}, attempts=3)
+
+
+def test_llama_server_takes_any_free_port() -> None:
+    llama = backend_for(LLAMA_PLAIN)
+    assert llama.port_range is None
+    assert llama.derived_ports(8080) == ()

@@ -53,6 +53,7 @@ def make_record(
     soft: Mapping[str, Any] | None = None,
     provenance: Mapping[str, Any] | None = None,
     simulated: bool = False,
+    launch_runs: tuple[int, ...] = (),
 ) -> BaselineRecord:
     return BaselineRecord(
         test_id=test_id,
@@ -72,6 +73,7 @@ def make_record(
         },
         provenance=provenance or {"time_utc": "2025-01-01T00:00:00Z"},
         created_unix=1_700_000_000.5,
+        launch_runs=launch_runs,
     )
 
 
@@ -106,8 +108,9 @@ def test_schema_rejects_what_from_json_rejects() -> None:
     data = make_record().to_json()
     validator = schema_validator()
     for broken in (
-        {**data, "schema_version": 2},
+        {**data, "schema_version": 1},
         {**data, "note": "hand-written"},
+        {**data, "launch_runs": [0]},
         {**data, "samples": {"tok_s": ["fast"]}},
     ):
         assert not validator.is_valid(broken)
@@ -169,17 +172,17 @@ def test_from_json_names_the_file_and_the_bad_field(mutate: Any, field: str) -> 
     ("version", "expected"),
     [
         (
-            2,
+            3,
             [
-                "schema version 2",
-                "reads schema version 1",
+                "schema version 3",
+                "reads schema versions 1 and 2",
                 "newer",
                 "upgrade",
                 "--update-baselines",
             ],
         ),
-        (0, ["schema version 0", "reads schema version 1", "older", "--update-baselines"]),
-        (None, ["no valid 'schema_version'", "reads schema version 1"]),
+        (0, ["schema version 0", "reads schema versions 1 and 2", "older", "--update-baselines"]),
+        (None, ["no valid 'schema_version'", "reads schema versions 1 and 2"]),
         ("1", ["no valid 'schema_version'"]),
     ],
 )
@@ -196,7 +199,45 @@ def test_wrong_schema_version_says_which_and_what_to_do(
     assert str(raised.value).startswith(f"{path}: ")
     for words in expected:
         assert words in str(raised.value)
-    assert SCHEMA_VERSION == 1
+    assert SCHEMA_VERSION == 2
+
+
+def test_a_schema_1_file_is_read_as_one_launch_with_its_accept_length_per_request(
+    tmp_path: Path,
+) -> None:
+    # What pytest-specdecode 0.1 wrote: no launch_runs, and an accept_length that was the
+    # per-request figure (first token included).
+    store = BaselineStore(tmp_path)
+    path = store.write(
+        make_record(samples={"tok_s": (90.0, 92.0), "accept_length": (3.05, 3.05)})
+    ).path
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["schema_version"] = 1
+    del data["launch_runs"]
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+    record = store.load(HW, TEST_ID)
+
+    assert record.read_from_schema == 1
+    assert record.launch_runs == (2,)
+    assert record.samples == {"tok_s": (90.0, 92.0), "spec_accept_length": (3.05, 3.05)}
+    note = record.missing_metric_note("accept_length")
+    assert note is not None
+    assert "baseline schema 1" in note
+    assert "--update-baselines" in note
+    assert record.missing_metric_note("tok_s") is None
+    # Written again, it is a schema 2 file.
+    assert record.to_json()["schema_version"] == 2
+
+
+def test_launch_runs_split_the_samples_and_must_add_up() -> None:
+    record = make_record(samples={"tok_s": (1.0, 2.0, 3.0, 4.0, 5.0)}, launch_runs=(2, 3))
+    assert record.launches("tok_s") == ((1.0, 2.0), (3.0, 4.0, 5.0))
+    assert record.to_json()["launch_runs"] == [2, 3]
+    with pytest.raises(
+        ValueError, match=r"launch_runs \[2, 2\] must be positive counts that add up"
+    ):
+        make_record(samples={"tok_s": (1.0, 2.0, 3.0, 4.0, 5.0)}, launch_runs=(2, 2))
 
 
 @pytest.mark.parametrize(

@@ -111,32 +111,70 @@ def test_a_one_token_request_counts_for_throughput_but_not_for_tpot() -> None:
     assert values["decode_tok_s"] == pytest.approx(10 / (0.0 + 1.0))
 
 
-def test_accept_length_is_the_verify_weighted_ratio_not_the_mean_of_ratios() -> None:
+def test_accept_length_is_verify_tokens_per_verify_step_weighted_over_requests() -> None:
     records = (
-        request(0.0, [(0.1, 1), (1.0, 10)], verify=5),  # 2.0 on its own
-        request(1.0, [(1.1, 1), (3.0, 30)], verify=10),  # 3.0 on its own
+        request(0.0, [(0.1, 1), (1.0, 11)], verify=5),  # 10 verify tokens / 5 steps = 2.0
+        request(1.0, [(1.1, 1), (3.0, 31)], verify=10),  # 30 / 10 = 3.0
     )
 
     values = compute_run_metrics(run(*records)).values
 
+    # SGLang's definition leaves out each request's first token, which prefill produced.
     assert values["accept_length"] == pytest.approx(40 / 15)
+    # The per-request meta_info figure counts it: (11 + 31) / 15.
+    assert values["spec_accept_length"] == pytest.approx(42 / 15)
 
 
-def test_accept_length_is_absent_without_speculation_or_with_a_zero_verify_count() -> None:
+def test_an_always_accepted_draft_reads_steps_plus_one_at_any_output_length() -> None:
+    # 2 steps, every draft accepted: 3 tokens per verify step, after the prefill token. This is
+    # what real SGLang 0.5.15 logged (accept len 3.00) where meta_info said 64 / 21 = 3.05.
+    for tokens in (16, 64, 256):
+        steps = (tokens - 1) // 3
+        record = request(0.0, [(0.1, 1), (1.0, 1 + 3 * steps)], verify=steps)
+        values = compute_run_metrics(run(record)).values
+        assert values["accept_length"] == 3.0
+        assert values["spec_accept_length"] == pytest.approx((1 + 3 * steps) / steps)
+
+
+def test_accept_length_is_absent_without_speculation_or_without_any_verify_step() -> None:
     plain = (request(0.0, [(0.1, 1), (1.0, 10)]),)
-    zero = (request(0.0, [(0.1, 1)], verify=0), request(0.2, [(0.3, 1), (1.0, 10)], verify=4))
+    never_verified = (request(0.0, [(0.1, 1)], verify=0),)
 
     assert "accept_length" not in compute_run_metrics(run(*plain)).values
-    assert "accept_length" not in compute_run_metrics(run(*zero)).values
+    assert "spec_accept_length" not in compute_run_metrics(run(*plain)).values
+    assert "accept_length" not in compute_run_metrics(run(*never_verified)).values
 
 
-def test_some_requests_with_spec_counts_and_some_without_is_an_error() -> None:
+@pytest.mark.parametrize("one_token_verify", [0, None], ids=["reported-0", "omitted-0.5.23"])
+def test_a_one_token_request_has_no_verify_step_whether_or_not_it_says_so(
+    one_token_verify: int | None,
+) -> None:
+    # SGLang 0.5.6-0.5.22 report spec_verify_ct = 0 for a request that never reached a verify
+    # step; 0.5.23 leaves the spec_* fields out. Both mean 0 steps and 0 verify tokens.
+    records = (
+        request(0.0, [(0.1, 1)], verify=one_token_verify),
+        request(0.2, [(0.3, 1), (1.0, 10)], verify=4),
+    )
+
+    values = compute_run_metrics(run(*records)).values
+
+    assert values["accept_length"] == pytest.approx(9 / 4)
+    assert values["spec_accept_length"] == pytest.approx(11 / 4)
+
+
+def test_a_request_that_decoded_without_spec_counts_beside_others_that_have_them_is_an_error() -> (
+    None
+):
     records = (
         request(0.0, [(0.1, 1), (1.0, 10)], verify=4),
         request(1.0, [(1.1, 1), (2.0, 10)]),
     )
 
-    with pytest.raises(RequestError, match=r"run 4: 1 of 2 requests reported spec_verify_ct"):
+    with pytest.raises(
+        RequestError,
+        match=r"run 4: 1 of 2 requests produced more than one token without reporting "
+        r"spec_verify_ct",
+    ):
         compute_run_metrics(run(*records))
 
 
@@ -148,9 +186,10 @@ def test_non_streaming_runs_have_no_latency_metrics_rather_than_zeros() -> None:
 
     values = compute_run_metrics(run(*records)).values
 
-    assert set(values) == {"tok_s", "accept_length"}
+    assert set(values) == {"tok_s", "accept_length", "spec_accept_length"}
     assert values["tok_s"] == pytest.approx(50.0)
-    assert values["accept_length"] == pytest.approx(2.5)
+    assert values["accept_length"] == pytest.approx(198 / 80)
+    assert values["spec_accept_length"] == pytest.approx(2.5)
 
 
 def test_values_follow_the_registry_order() -> None:
@@ -191,13 +230,14 @@ def test_metric_registry_names_directions_and_display_units() -> None:
         "tok_s",
         "decode_tok_s",
         "accept_length",
+        "spec_accept_length",
         "ttft",
         "tpot",
         "itl_p50",
         "itl_p99",
     ]
     higher = {name for name, info in METRICS.items() if info.higher_is_better}
-    assert higher == {"tok_s", "decode_tok_s", "accept_length"}
+    assert higher == {"tok_s", "decode_tok_s", "accept_length", "spec_accept_length"}
     assert all(name == info.name for name, info in METRICS.items())
     assert METRICS["ttft"].unit == "ms"
     assert METRICS["ttft"].display(0.0123) == pytest.approx(12.3)

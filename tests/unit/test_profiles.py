@@ -307,19 +307,67 @@ def test_warnings_are_returned_not_printed(
 ) -> None:
     loaded = load(
         tmp_path,
-        '[env.nvls]\nNCCL_NVLS_ENABLE = "1"\nCUDA_DEVICE_MAX_CONNECTIONS = "1"\n'
-        '[profiles.p]\nmodel_path = "/m"\nenv = "nvls"\n',
+        '[env.conn]\nCUDA_DEVICE_MAX_CONNECTIONS = "1"\nCUDA_MODULE_LOADING = "LAZY"\n'
+        '[profiles.p]\nmodel_path = "/m"\nenv = "conn"\n',
     )
 
     assert len(loaded.warnings) == 2
-    nvls = loaded.warnings[0]
-    assert "[env.nvls]" in nvls
-    assert "NCCL_NVLS_ENABLE" in nvls
-    assert "'1'" in nvls
-    assert "overwrites" in nvls
-    assert "--enable-nccl-nvls" in nvls
-    assert "CUDA_DEVICE_MAX_CONNECTIONS" in loaded.warnings[1]
+    connections, loading = loaded.warnings
+    assert "[profiles.p]" in connections
+    assert "CUDA_DEVICE_MAX_CONNECTIONS = '1' has no effect" in connections
+    assert "always set it to 8" in connections
+    assert "CUDA_MODULE_LOADING = 'LAZY' has no effect" in loading
+    assert "0.5.6-0.5.18" in loading
     assert capsys.readouterr() == ("", "")
+
+
+def test_nccl_cumem_and_nvls_are_kept_when_set_so_they_do_not_warn(tmp_path: Path) -> None:
+    # SGLang sets NCCL_CUMEM_ENABLE / NCCL_NVLS_ENABLE to "0" only when they are unset, and
+    # never sets TORCH_NCCL_AVOID_RECORD_STREAMS (0.5.6-0.5.23's _set_envs_and_config).
+    loaded = load(
+        tmp_path,
+        '[env.e]\nNCCL_NVLS_ENABLE = "1"\nNCCL_CUMEM_ENABLE = "1"\n'
+        'TORCH_NCCL_AVOID_RECORD_STREAMS = "1"\n'
+        '[profiles.p]\nmodel_path = "/m"\nenv = "e"\n',
+    )
+
+    assert loaded.warnings == ()
+
+
+def test_a_flag_that_forces_an_nccl_variable_warns_about_the_profiles_value(
+    tmp_path: Path,
+) -> None:
+    loaded = load(
+        tmp_path,
+        '[env.e]\nNCCL_NVLS_ENABLE = "0"\n'
+        '[profiles.p]\nmodel_path = "/m"\nenv = "e"\nextra_args = ["--enable-nccl-nvls"]\n',
+    )
+
+    assert len(loaded.warnings) == 1
+    assert (
+        "NCCL_NVLS_ENABLE = '0' has no effect: with --enable-nccl-nvls SGLang sets "
+        "NCCL_NVLS_ENABLE=1"
+    ) in loaded.warnings[0]
+
+
+def test_deterministic_inference_at_tp_above_1_overrides_two_of_the_seeds_variables(
+    tmp_path: Path,
+) -> None:
+    toml = (
+        '[env.tuned]\nNCCL_PROTO = "LL"\nNCCL_ALGO = "Ring"\nNCCL_MAX_NCHANNELS = "16"\n'
+        '[profiles.p]\nmodel_path = "/m"\nenv = "tuned"\ntp_size = {tp}\ngpus = 8\n'
+        'extra_args = ["--enable-deterministic-inference"]\n'
+    )
+    assert load(tmp_path, toml.format(tp=1)).warnings == ()
+    (warning,) = load(tmp_path, toml.format(tp=8)).warnings
+    assert "overwrites NCCL_ALGO, NCCL_MAX_NCHANNELS" in warning
+    assert "NCCL_PROTO" not in warning  # SGLang never sets NCCL_PROTO
+
+
+def test_a_port_above_55535_warns_for_0_5_11_to_0_5_15(tmp_path: Path) -> None:
+    (warning,) = load(tmp_path, '[profiles.p]\nmodel_path = "/m"\nport = 60000\n').warnings
+    assert "port = 60000" in warning
+    assert "refuse to start above 55535" in warning
 
 
 def test_conflicting_env_sets_warn_and_the_later_one_wins(tmp_path: Path) -> None:
@@ -450,6 +498,42 @@ def test_steps_topk_and_draft_tokens_come_all_or_none(tmp_path: Path) -> None:
 
     assert "sets num_steps but not eagle_topk, num_draft_tokens" in message
     assert "all three" in message
+
+
+def test_ngram_takes_num_draft_tokens_alone(tmp_path: Path) -> None:
+    # SGLang sets NGRAM's topk from --speculative-ngram-max-bfs-breadth and applies no topk-1
+    # rule: num_draft_tokens = 8 with an 8-wide breadth is a valid NGRAM server.
+    p = profile(
+        tmp_path,
+        'model_path = "/m"\nspeculative = { algorithm = "NGRAM", num_draft_tokens = 8 }\n'
+        'extra_args = ["--speculative-ngram-max-bfs-breadth", "8"]',
+    )
+
+    assert p.speculative == Speculative("NGRAM", None, None, None, 8)
+    expected = p.expected_server_args()
+    assert expected["speculative_num_draft_tokens"] == 8
+    assert "speculative_eagle_topk" not in expected
+    assert "speculative_num_steps" not in expected
+    # What SGLang 0.5.15 reports for it (topk = breadth, steps = 8 // 8), with no mismatch.
+    info = {
+        **expected,
+        "speculative_eagle_topk": 8,
+        "speculative_num_steps": 1,
+        "version": "0.5.15",
+    }
+    assert compare_server_args(p, info) == []
+
+
+@pytest.mark.parametrize("keys", ["num_steps = 2, eagle_topk = 1, ", "eagle_topk = 4, "])
+def test_ngram_refuses_the_eagle_knobs_it_does_not_use(tmp_path: Path, keys: str) -> None:
+    message = profile_error(
+        tmp_path,
+        f'model_path = "/m"\nspeculative = {{ algorithm = "NGRAM", {keys}num_draft_tokens = 8 }}',
+    )
+
+    assert "for NGRAM, which SGLang does not use as given" in message
+    assert "--speculative-ngram-max-bfs-breadth" in message
+    assert "Set only num_draft_tokens" in message
 
 
 @pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "STANDALONE"])
@@ -910,7 +994,9 @@ def test_every_differing_field_is_listed() -> None:
     assert by_field["tp_size"].describe() == "tp_size: profile wants 8, server reports 4"
     missing = by_field["num_continuous_decode_steps"]
     assert not missing.reported
+    assert not missing.required  # a release without the field is not refused for it
     assert "does not report it" in missing.describe()
+    assert by_field["tp_size"].required
 
 
 def test_a_speculative_server_does_not_pass_for_a_nospec_profile() -> None:

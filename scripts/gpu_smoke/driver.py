@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""The phases of scripts/gpu-smoke after installation: record, check, attach, launches, table.
+
+    python3 scripts/gpu_smoke/driver.py PHASE [PHASE ...]
+
+Run by scripts/gpu-smoke (which installs the wheels and the plugin and builds the models first).
+State lives in $GPU_SMOKE_STATE (default /tmp/gpu-smoke): the models, the generated suite, the
+baselines, one results/*.json per phase. What is worth keeping goes to $OUT (default
+$GPU_SMOKE_STATE/out): gpu-smoke-table.md, gpu-smoke-results.json, gpu-smoke-logs.tar.gz.
+
+Environment knobs:
+  GPU_SMOKE_FIXED_PORTS=1      give the three suite profiles fixed ports (30001-30003) instead
+                               of the plugin's own choice (SGLang 0.5.15 refuses ports > 55535)
+  GPU_SMOKE_LAUNCHES=10        launches in the launch phase; GPU_SMOKE_CONCURRENCY=5 at a time
+  GPU_SMOKE_BASELINE_RUNS=10   runs recorded per baseline
+  GPU_SMOKE_ATTACH_PORT=30100  the hand-started server of the attach phase
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+STATE = Path(os.environ.get("GPU_SMOKE_STATE", "/tmp/gpu-smoke"))
+OUT = Path(os.environ.get("OUT") or STATE / "out")
+MODELS = STATE / "models"
+SUITE = STATE / "suite"
+RESULTS = STATE / "results"
+LOGS = STATE / "logs"
+PROFILES = ("smoke-nospec", "smoke-eagle3-match", "smoke-eagle3-miss")
+EXPECTED_ACCEPT = {"smoke-eagle3-match": 3.0, "smoke-eagle3-miss": 1.0}
+SERVER_ENV = {  # every launch: the plugin's env set carries the last three; SGLang sets the first
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "HF_HUB_OFFLINE": "1",
+}
+SGLANG_FLAGS = [
+    "--attention-backend",
+    "triton",
+    "--grammar-backend",
+    "none",
+    "--disable-cuda-graph",
+]
+LAUNCH_PROFILE = """
+# The launch phase: several of these start at once on the one GPU, each pytest session with its
+# own state directory, each server on a port the plugin picks. KV cache capped so that they fit
+# together (SGLang sizes it from the memory free at its start).
+[profiles.smoke-launch]
+description = "tiny Llama + agreeing EAGLE3 head, small KV cache, for concurrent launches"
+model_path = "@MODELS@/tiny-llama"
+mem_fraction_static = 0.5
+extra_args = [
+    "--attention-backend", "triton", "--grammar-backend", "none", "--disable-cuda-graph",
+    "--max-total-tokens", "32768", "--max-running-requests", "8",
+]
+[profiles.smoke-launch.speculative]
+algorithm = "EAGLE3"
+draft_model_path = "@MODELS@/tiny-eagle3-match"
+num_steps = 2
+eagle_topk = 1
+num_draft_tokens = 3
+"""
+
+
+def log(msg: str) -> None:
+    print(f"gpu-smoke: {msg}", flush=True)
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+# -- the suite ---------------------------------------------------------------------------------
+
+
+def write_suite() -> None:
+    SUITE.mkdir(parents=True, exist_ok=True)
+    fixed = os.environ.get("GPU_SMOKE_FIXED_PORTS") == "1"
+    text = (HERE / "suite" / "specdecode.toml.in").read_text()
+    for i, key in enumerate(("NOSPEC", "MATCH", "MISS")):
+        text = text.replace(f"@PORT_{key}@", f"port = {30001 + i}" if fixed else "")
+    text = text.replace("@MEM@", os.environ.get("GPU_SMOKE_MEM_FRACTION", "0.5"))
+    text += LAUNCH_PROFILE
+    text = text.replace("@MODELS@", str(MODELS))
+    (SUITE / "specdecode.toml").write_text(text)
+    for name in ("test_gpu_smoke.py", "test_launch.py"):
+        shutil.copy(HERE / "suite" / name, SUITE / name)
+    # the suite's own ini: none of the repository's settings (filterwarnings = error, testpaths)
+    (SUITE / "pytest.ini").write_text(
+        "[pytest]\naddopts = -ra -p no:cacheprovider\nspecdecode_config = specdecode.toml\n"
+    )
+
+
+def plugin_args() -> list[str]:
+    names = {ep.name for ep in metadata.entry_points(group="pytest11")}
+    return [] if "specdecode" in names else ["-p", "pytest_specdecode.plugin"]
+
+
+def run_pytest(tag: str, args: list[str], *, timeout: float = 1500) -> tuple[int, str, float]:
+    """pytest in the suite directory; its output to the console and logs/<tag>.txt."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *plugin_args(),
+        "--specdecode-target",
+        "real",
+        "--specdecode-config",
+        str(SUITE / "specdecode.toml"),
+        *args,
+    ]
+    if os.environ.get("GPU_SMOKE_SKIP_PREFLIGHT") == "1":
+        cmd.append("--specdecode-skip-preflight")
+    log(f"[{tag}] $ {' '.join(cmd)}")
+    env = dict(os.environ, **SERVER_ENV)
+    start = time.monotonic()
+    with (LOGS / f"{tag}.txt").open("w") as f:
+        proc = subprocess.Popen(
+            cmd, cwd=SUITE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            f.write(line)
+            if tag.startswith(("record", "check", "attach")):
+                sys.stdout.write(line)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = -9
+    return rc, "".join(lines), time.monotonic() - start
+
+
+def sglang_accept_lens(basetemp: Path) -> dict[str, list[float]]:
+    """SGLang's own 'accept len' per profile, from the server logs the plugin wrote."""
+    found: dict[str, list[float]] = {}
+    for path in sorted(basetemp.rglob("*.log")):
+        profile = next((p for p in (*PROFILES, "smoke-launch") if path.name.startswith(p)), None)
+        if profile is None:
+            continue
+        values = [
+            float(v)
+            for v in re.findall(r"accept len: ([0-9.]+)", path.read_text("utf-8", "replace"))
+        ]
+        found.setdefault(profile, []).extend(values)
+    return found
+
+
+def report_rows(report: Path) -> dict[str, dict]:
+    rows: dict[str, dict] = {}
+    if not report.exists():
+        return rows
+    data = json.loads(report.read_text())
+    for t in data.get("tests", []):
+        summary = t.get("summary") or {}
+
+        def mean(metric: str, summary: dict = summary) -> float | None:
+            m = summary.get(metric) or {}
+            return m.get("mean")
+
+        rows[t.get("profile", "?")] = {
+            "test": t.get("test_id"),
+            "outcome": t.get("outcome"),
+            "tok_s": mean("tok_s"),
+            "tok_s_cv": (summary.get("tok_s") or {}).get("cv"),
+            "accept_length": mean("accept_length"),
+            "runs": (summary.get("tok_s") or {}).get("n"),
+            "message": (t.get("message") or "")[:400],
+        }
+    return rows
+
+
+def save(phase: str, result: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{phase}.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+def ready_times(output: str) -> list[float]:
+    return [float(v) for v in re.findall(r"ready after ([0-9.]+)s", output)]
+
+
+# -- phases ------------------------------------------------------------------------------------
+
+
+def phase_suite(phase: str) -> int:
+    basetemp = STATE / f"pt-{phase}"
+    report = RESULTS / f"{phase}-report.json"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    args = [
+        "test_gpu_smoke.py",
+        "--basetemp",
+        str(basetemp),
+        "--specdecode-baselines",
+        str(STATE / "baselines"),
+        "--specdecode-state-dir",
+        str(STATE / "state-suite"),
+        "--specdecode-report",
+        str(report),
+        "--specdecode-markdown",
+        str(RESULTS / f"{phase}-summary.md"),
+    ]
+    if phase == "record":
+        args += [
+            "--update-baselines",
+            "--specdecode-baseline-runs",
+            str(env_int("GPU_SMOKE_BASELINE_RUNS", 10)),
+        ]
+    rc, output, wall = run_pytest(phase, args)
+    save(
+        phase,
+        {
+            "rc": rc,
+            "wall_s": round(wall, 1),
+            "rows": report_rows(report),
+            "sglang_accept_len": sglang_accept_lens(basetemp),
+            "ready_s": ready_times(output),
+            "launch_failures": len(re.findall(r"exited with code", output)),
+        },
+    )
+    return rc
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health_generate", timeout=5) as r:
+                if r.status == 200:
+                    return time.monotonic() - start
+        except Exception:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"not ready after {timeout}s")
+
+
+def phase_attach() -> int:
+    port = env_int("GPU_SMOKE_ATTACH_PORT", 30100)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(MODELS / "tiny-llama"),
+        "--tp-size",
+        "1",
+        "--mem-fraction-static",
+        os.environ.get("GPU_SMOKE_MEM_FRACTION", "0.5"),
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(MODELS / "tiny-eagle3-match"),
+        "--speculative-num-steps",
+        "2",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "3",
+        *SGLANG_FLAGS,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enable-metrics",
+    ]
+    log(f"[attach] starting by hand: {' '.join(cmd)}")
+    env = dict(os.environ, **SERVER_ENV, CUDA_VISIBLE_DEVICES="0")
+    server_log = (LOGS / "attach-server.log").open("w")
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    result: dict = {"port": port}
+    try:
+        result["ready_s"] = round(wait_ready(f"http://127.0.0.1:{port}", proc, 600), 1)
+        log(f"[attach] server ready after {result['ready_s']}s")
+        common = [
+            "test_gpu_smoke.py",
+            "-k",
+            "test_eagle3_match",
+            f"--server-host=127.0.0.1:{port}",
+            "--specdecode-baselines",
+            str(STATE / "baselines-attach"),
+            "--specdecode-state-dir",
+            str(STATE / "state-attach"),
+        ]
+        rc1, _, _ = run_pytest(
+            "attach-record",
+            [
+                *common,
+                "--update-baselines",
+                "--specdecode-report",
+                str(RESULTS / "attach-record-report.json"),
+            ],
+        )
+        rc2, _, _ = run_pytest(
+            "attach-check",
+            [*common, "--specdecode-report", str(RESULTS / "attach-check-report.json")],
+        )
+        result.update(
+            record_rc=rc1, check_rc=rc2, rows=report_rows(RESULTS / "attach-check-report.json")
+        )
+    except RuntimeError as exc:
+        result["error"] = str(exc)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        server_log.close()
+    log_text = (LOGS / "attach-server.log").read_text("utf-8", "replace")
+    result["sglang_accept_len"] = [float(v) for v in re.findall(r"accept len: ([0-9.]+)", log_text)]
+    result["passed"] = result.get("record_rc") == 0 and result.get("check_rc") == 0
+    save("attach", result)
+    return 0 if result["passed"] else 1
+
+
+def one_launch(i: int) -> dict:
+    d = STATE / f"launch-{i:02d}"
+    shutil.rmtree(d, ignore_errors=True)
+    rc, output, wall = run_pytest(
+        f"launch-{i:02d}",
+        [
+            "test_launch.py",
+            "--basetemp",
+            str(d / "pt"),
+            "--specdecode-state-dir",
+            str(d / "state"),
+        ],
+        timeout=900,
+    )
+    port = re.search(r"on http://[0-9.]+:(\d+)", output)
+    ready = ready_times(output)
+    res = {
+        "launch": i,
+        "rc": rc,
+        "wall_s": round(wall, 1),
+        "port": int(port.group(1)) if port else None,
+        "ready_s": ready[0] if ready else None,
+    }
+    if rc != 0:
+        tail = [line for line in output.splitlines() if line.strip()][-25:]
+        res["tail"] = tail
+    log(f"[launch {i}] rc={rc} port={res['port']} ready={res['ready_s']}s wall={res['wall_s']}s")
+    return res
+
+
+def phase_launches() -> int:
+    n = env_int("GPU_SMOKE_LAUNCHES", 10)
+    conc = env_int("GPU_SMOKE_CONCURRENCY", 5)
+    log(f"[launches] {n} launches through the plugin, {conc} at a time, ports chosen by it")
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=conc) as pool:
+        results = list(pool.map(one_launch, range(n)))
+    failures = [r for r in results if r["rc"] != 0]
+    save(
+        "launches",
+        {
+            "launches": results,
+            "count": n,
+            "concurrency": conc,
+            "failures": len(failures),
+            "wall_s": round(time.monotonic() - start, 1),
+        },
+    )
+    return 1 if failures else 0
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+
+def fmt(v: object, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec) if isinstance(v, (int, float)) else str(v)
+
+
+def sglang_summary(values: list[float]) -> str:
+    if not values:
+        return "-"
+    distinct = sorted(set(values))
+    if len(distinct) == 1:
+        return f"{distinct[0]:.2f} (all {len(values)} log lines)"
+    mean = statistics.mean(values)
+    return f"{mean:.2f} (lines {distinct[0]:.2f}-{distinct[-1]:.2f}, n={len(values)})"
+
+
+def load_results(dirs: list[Path]) -> dict[str, dict]:
+    res: dict[str, dict] = {}
+    for d in dirs:
+        for name in ("record", "check", "attach", "launches"):
+            p = d / f"{name}.json"
+            if p.exists():
+                res[name] = json.loads(p.read_text())
+        p = d / "gpu-smoke-results.json"
+        if p.exists():
+            for k, v in json.loads(p.read_text()).items():
+                res.setdefault(k, v)
+    return res
+
+
+def table(res: dict[str, dict]) -> str:
+    lines = [
+        "| profile | accept len (SGLang log) | accept len (plugin) | expected | tok/s record | "
+        "tok/s check | record | check |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    rec, chk = res.get("record", {}), res.get("check", {})
+    for p in PROFILES:
+        r = rec.get("rows", {}).get(p, {})
+        c = chk.get("rows", {}).get(p, {})
+        sg = (chk.get("sglang_accept_len", {}).get(p) or []) + (
+            rec.get("sglang_accept_len", {}).get(p) or []
+        )
+        plugin_accept = fmt(c.get("accept_length", r.get("accept_length")))
+        lines.append(
+            f"| {p} | {sglang_summary(sg)} | {plugin_accept} | {fmt(EXPECTED_ACCEPT.get(p))} | "
+            f"{fmt(r.get('tok_s'), '.1f')} | {fmt(c.get('tok_s'), '.1f')} | "
+            f"{fmt(r.get('outcome'))} | {fmt(c.get('outcome'))} |"
+        )
+    out = ["## gpu-smoke", "", *lines, ""]
+    for name in ("record", "check"):
+        if name in res:
+            r = res[name]
+            out.append(
+                f"- {name}: pytest exit {r['rc']}, {r['wall_s']} s, servers ready after "
+                f"{', '.join(f'{t:.1f}' for t in r['ready_s']) or '-'} s, launch failures "
+                f"{r['launch_failures']}"
+            )
+    la = res.get("launches")
+    if la:
+        ok = [x for x in la["launches"] if x["rc"] == 0]
+        ready = [x["ready_s"] for x in ok if x.get("ready_s")]
+        ports = sorted(x["port"] for x in la["launches"] if x["port"])
+        out.append(
+            f"- launches: {la['count']} ({la['concurrency']} at a time), failures "
+            f"**{la['failures']}**; ports {ports}; "
+            f"ready after {min(ready):.1f}-{max(ready):.1f} s"
+            if ready
+            else f"- launches: {la['count']}, failures **{la['failures']}**"
+        )
+    at = res.get("attach")
+    if at:
+        row = (at.get("rows") or {}).get("smoke-eagle3-match", {})
+        out.append(
+            f"- attach (server started by hand on port {at['port']}, ready after "
+            f"{at.get('ready_s', '-')} s): record exit {at.get('record_rc')}, check exit "
+            f"{at.get('check_rc')}, verdict {row.get('outcome', '-')}, accept len "
+            f"{fmt(row.get('accept_length'))} (SGLang log "
+            f"{sglang_summary(at.get('sglang_accept_len') or [])}): "
+            f"**{'PASS' if at.get('passed') else 'FAIL'}**"
+            + (f" ({at['error']})" if at.get("error") else "")
+        )
+    return "\n".join(out) + "\n"
+
+
+def phase_table(dirs: list[Path]) -> int:
+    res = load_results(dirs or [RESULTS])
+    text = table(res)
+    print(text)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "gpu-smoke-table.md").write_text(text)
+    (OUT / "gpu-smoke-results.json").write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+def pack_logs() -> None:
+    """Logs of every phase and every server, one tarball in $OUT."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(OUT / "gpu-smoke-logs.tar.gz", "w:gz") as tar:
+        for path in [LOGS, RESULTS, SUITE, MODELS / "models.json"]:
+            if path.exists():
+                tar.add(path, arcname=path.relative_to(STATE).as_posix())
+        for path in sorted(STATE.glob("pt-*/**/*.log")) + sorted(
+            STATE.glob("launch-*/pt/**/*.log")
+        ):
+            tar.add(
+                path, arcname="server-logs/" + path.relative_to(STATE).as_posix().replace("/", "__")
+            )
+
+
+def main(argv: list[str]) -> int:
+    phases = argv or ["record", "check", "attach", "launches", "table"]
+    if phases[0] == "table":  # scripts/gpu-smoke table [RESULT DIRS...]: no GPU needed
+        return phase_table([Path(p) for p in phases[1:]])
+    write_suite()
+    rc = 0
+    for phase in phases:
+        t0 = time.monotonic()
+        if phase == "check" and not any((STATE / "baselines").rglob("*.json")):
+            # a fresh machine (the call that recorded ran on another one): record first
+            log("no baselines from an earlier call on this machine: recording first")
+            rc = rc or phase_suite("record")
+        if phase in ("record", "check"):
+            code = phase_suite(phase)
+        elif phase == "attach":
+            code = phase_attach()
+        elif phase == "launches":
+            code = phase_launches()
+        elif phase == "table":
+            code = phase_table([])
+        else:
+            log(f"unknown phase {phase!r}: choose record, check, attach, launches, table")
+            return 2
+        log(f"phase {phase}: exit {code} after {time.monotonic() - t0:.0f}s")
+        rc = rc or code
+    pack_logs()
+    if "table" not in phases:
+        phase_table([])
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
