@@ -25,6 +25,7 @@ import pytest
 from pytest_specdecode.errors import ConfigError, SpecdecodeError
 from pytest_specdecode.markers import MARKER_HELP, MarkerSpec, parse_marker
 from pytest_specdecode.outputs import benchmark, terminal
+from pytest_specdecode.outputs.history import read_history
 from pytest_specdecode.outputs.json_report import junit_properties, make_session_info
 from pytest_specdecode.outputs.write import write_outputs
 from pytest_specdecode.profiles.profile import ALGORITHM_MARKERS
@@ -122,6 +123,14 @@ def pytest_configure(config: pytest.Config) -> None:
         progress=_ProgressLine(config),
     )
     config.stash[SESSION_KEY] = session
+    if settings.history is not None and settings.history.exists():
+        # Earlier nights sharpen each test's launch-to-launch variance (launches.prior_for).
+        try:
+            session.history = read_history(
+                settings.history, on_bad_line=lambda exc: session.warnings.append(str(exc))
+            )
+        except SpecdecodeError as exc:
+            session.warnings.append(f"{exc}; the launch variance uses the baselines alone")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(session), "specdecode-xdist")
     _terminate_gracefully()
@@ -292,6 +301,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     )
     sd = _session(session.config)
     sd.pool.set_demand(None if sd.is_xdist_worker else demand)
+    sd.plan(list(demand.elements()))
 
 
 # -- fixtures ------------------------------------------------------------------------------
@@ -431,6 +441,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     sd = _session(config)
     try:
+        if sd.settings.update_baselines:
+            sd.finish_launches()
         if sd.is_xdist_worker:
             workeroutput: dict[str, Any] = getattr(config, "workeroutput", {})
             workeroutput["specdecode_results"] = [r.to_json() for r in sd.results]

@@ -35,6 +35,8 @@ class SpecdecodeResult:
     server_version: str | None = None
     warnings: list[str] = field(default_factory=list)
     provenance: dict[str, Any] = field(default_factory=dict)
+    launch_runs: list[int] = field(default_factory=list)
+    """Runs per server launch (several only for a baseline recorded over several launches)."""
 
     @property
     def runs(self) -> int:
@@ -79,6 +81,11 @@ def check_json(check: Check) -> dict[str, Any]:
             baseline_mean=c.baseline.mean,
             baseline_std=c.baseline.std,
             current_mean=c.current.mean,
+            launches=c.launches,
+            launch_cv=c.launch_cv,
+            history_nights=c.history_nights,
+            df=c.df,
+            alpha_no_change=c.alpha_no_change,
             warnings=list(c.warnings),
         )
     return out

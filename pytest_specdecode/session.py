@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,9 @@ from pytest_specdecode.errors import (
     RequestError,
     ServerCrashedError,
     ServerMismatchError,
+    SpecdecodeError,
 )
+from pytest_specdecode.launches import LaunchPrior, prior_for
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.metrics import compute_run_metrics
 from pytest_specdecode.profiles.loader import load_profiles
@@ -46,7 +50,8 @@ from pytest_specdecode.sequential import SequentialPlan
 from pytest_specdecode.servers.pool import ServerCounts, ServerHandle, ServerPool
 from pytest_specdecode.servers.readiness import Progress, wait_until_ready
 from pytest_specdecode.settings import Settings
-from pytest_specdecode.verdict import Check, Outcome, evaluate, message, outcome_of
+from pytest_specdecode.stats import Verdict
+from pytest_specdecode.verdict import BaselineRef, Check, Outcome, evaluate, message, outcome_of
 from pytest_specdecode.workloads import Workload, resolve_workload
 
 SGLANG_DEFAULT_PORT = 30000
@@ -86,6 +91,10 @@ class SpecdecodeSession:
         """What the outputs wrote where, and what could not be written."""
         self.servers = ServerCounts()
         """What happened to each profile's server, added up over the workers."""
+        self.history: Sequence[Mapping[str, Any]] = ()
+        """Earlier nights (the JSON-lines history), for the launch variance of each test."""
+        self._planned: Counter[str] | None = None
+        self._more_launches: dict[str, list[_PendingLaunches]] = {}
         self._profiles: ProfileFile | None = None
         self._target: str | None = None
         self._target_reason = ""
@@ -185,6 +194,10 @@ class SpecdecodeSession:
         it too (see :meth:`ServerPool.release`)."""
         if not self.settings.server_host:
             self.pool.release(profile, hold=hold)
+        if self._planned is not None and profile.name in self._planned:
+            self._planned[profile.name] -= 1
+            if self._planned[profile.name] <= 0 and not hold:
+                self._record_more_launches(profile)
 
     def _attach(self, profile: ServerProfile) -> ServerHandle:
         backend = backend_for(profile)
@@ -231,7 +244,11 @@ class SpecdecodeSession:
         return hardware_key(self.gpus, simulated=simulated, override=override)
 
     def measure(self, test_id: str, spec: MarkerSpec, handle: ServerHandle) -> SpecdecodeResult:
-        """Warm up, run, compare (adding runs while inconclusive), and judge one test."""
+        """Warm up, run, compare (adding runs while a check is undecided), and judge one test.
+
+        With ``--update-baselines`` the runs of this launch are recorded; when the profile's
+        baselines span several launches, the others follow once the profile's last test has
+        run (:meth:`release`)."""
         profile = handle.profile
         workload = self.workload(spec.workload, where=test_id)
         settings = self.settings
@@ -263,38 +280,45 @@ class SpecdecodeSession:
             if own and own.get("tok_s"):
                 # The per-look alphas are calibrated for the stored baseline's size.
                 plan = plan.for_baseline(len(own["tok_s"]))
+            priors = self._priors(test_id, spec, refs, hw, fingerprint.digest, workload)
+            launch_varies = not simulated or float(info.get("sim_launch_cv") or 0) > 0
             samples: dict[str, list[float]] = {}
+            decided: dict[int, Check] = {}
             checks: tuple[Check, ...] = ()
             looks = plan.looks()
             with self.pool.gpu_lock(profile):
-                try:
-                    client.warmup(workload)
-                except RequestError as exc:
-                    raise self._explain_failure(exc, handle, "during the warm-up") from exc
+                self._warm_up(client, handle, workload)
                 for run_index in range(max_runs):
-                    try:
-                        state = backend.begin_run(client, workload)
-                        run = client.run(workload, run_index)
-                        extras = backend.end_run(client, state, run)
-                    except RequestError as exc:
-                        when = f"during run {run_index + 1}"
-                        raise self._explain_failure(exc, handle, when) from exc
-                    values = {**compute_run_metrics(run).values, **extras.values}
+                    values, extra = self._one_run(client, backend, handle, workload, run_index)
                     for name, value in values.items():
                         samples.setdefault(name, []).append(value)
-                    warnings.extend(w for w in extras.warnings if w not in warnings)
+                    warnings.extend(w for w in extra if w not in warnings)
                     n = run_index + 1
-                    if n in looks:
-                        checks = evaluate(
-                            spec.thresholds,
-                            samples,
-                            refs,
-                            alpha=plan.alpha_at(looks.index(n)),
-                            method=method,
-                        )
-                        if updating or outcome_of(checks) is not Outcome.INCONCLUSIVE:
-                            break
+                    if n not in looks:
+                        continue
+                    look_alpha = plan.alpha_at(looks.index(n))
+                    fresh = evaluate(
+                        spec.thresholds,
+                        samples,
+                        refs,
+                        alpha=look_alpha,
+                        method=method,
+                        # the no-change guard spends its level across the looks as alpha does
+                        alpha_no_change=settings.alpha_no_change * look_alpha / alpha,
+                        priors=priors,
+                        warn_single_launch=launch_varies,
+                    )
+                    # A check decided at one look stays decided (that is what the per-look
+                    # alphas were calibrated for); the undecided ones are looked at again, even
+                    # when another check has already failed, so every check gets its verdict.
+                    for index, check in enumerate(fresh):
+                        if index not in decided and not _undecided(check):
+                            decided[index] = check
+                    checks = tuple(decided.get(i, check) for i, check in enumerate(fresh))
+                    if updating or not any(_undecided(check) for check in checks):
+                        break
 
+        launches = self._launches_for(simulated, launch_varies) if updating else 1
         if updating:
             outcome, text = self._recording_outcome(samples)
         else:
@@ -321,9 +345,136 @@ class SpecdecodeSession:
                 gpu=self.gpus,
                 repo_dir=self.rootdir,
             ),
+            launch_runs=[len(samples.get("tok_s", []))],
         )
         self.results.append(result)
+        if outcome is Outcome.RECORDED and launches > 1:
+            if handle.origin == "attached":
+                result.warnings.append(
+                    "an attached server cannot be relaunched: this baseline has one launch, so "
+                    "its verdicts cannot carry launch-to-launch variance"
+                )
+            else:
+                self._more_launches.setdefault(profile.name, []).append(
+                    _PendingLaunches(result, spec, workload, runs, launches)
+                )
         return result
+
+    def _warm_up(self, client: MeasurementClient, handle: ServerHandle, workload: Workload) -> None:
+        try:
+            client.warmup(workload)
+        except RequestError as exc:
+            raise self._explain_failure(exc, handle, "during the warm-up") from exc
+
+    def _one_run(
+        self,
+        client: MeasurementClient,
+        backend: Backend,
+        handle: ServerHandle,
+        workload: Workload,
+        run_index: int,
+    ) -> tuple[dict[str, float], list[str]]:
+        """One measured run: its metric values and the backend's warnings."""
+        try:
+            state = backend.begin_run(client, workload)
+            run = client.run(workload, run_index)
+            extras = backend.end_run(client, state, run)
+        except RequestError as exc:
+            raise self._explain_failure(exc, handle, f"during run {run_index + 1}") from exc
+        return {**compute_run_metrics(run).values, **extras.values}, list(extras.warnings)
+
+    def _launches_for(self, simulated: bool, launch_varies: bool) -> int:
+        """Launches a baseline is recorded over: the setting, else 3 where launches vary (a
+        real server, or the simulator with --sim-launch-cv), else 1."""
+        if self.settings.baseline_launches is not None:
+            return self.settings.baseline_launches
+        return DEFAULT_BASELINE_LAUNCHES if launch_varies else 1
+
+    def plan(self, profiles: Sequence[str]) -> None:
+        """The profiles of the tests this process will run, one entry per test (from the
+        collection): the last test of a profile triggers its remaining baseline launches."""
+        self._planned = Counter(profiles)
+
+    def _record_more_launches(self, profile: ServerProfile) -> None:
+        """The profile's other baseline launches: relaunch it, measure every recorded test of
+        it again, as often as the baselines want launches (one launch = one server start)."""
+        pending = self._more_launches.pop(profile.name, [])
+        if not pending:
+            return
+        wanted = max(p.launches for p in pending)
+        for launch in range(2, wanted + 1):
+            self.emit(f"{profile.name}: baseline launch {launch} of {wanted}")
+            try:
+                handle = self.pool.relaunch(profile, reason=f"baseline launch {launch}")
+            except SpecdecodeError as exc:
+                self._launch_failed(pending, launch, wanted, exc)
+                return
+            try:
+                backend = backend_for(profile)
+                with self._client(handle, backend) as client, self.pool.gpu_lock(profile):
+                    for p in pending:
+                        self._warm_up(client, handle, p.workload)
+                        for run_index in range(p.runs):
+                            values, _ = self._one_run(
+                                client, backend, handle, p.workload, run_index
+                            )
+                            for name, value in values.items():
+                                p.result.samples.setdefault(name, []).append(value)
+                        p.result.launch_runs.append(p.runs)
+            except SpecdecodeError as exc:
+                self._launch_failed(pending, launch, wanted, exc)
+                return
+            finally:
+                self.pool.release(profile)
+        for p in pending:
+            outcome, text = self._recording_outcome(p.result.samples, p.result.launch_runs)
+            p.result.outcome, p.result.message = outcome, text
+
+    def _launch_failed(
+        self, pending: list[_PendingLaunches], launch: int, wanted: int, exc: Exception
+    ) -> None:
+        """A later baseline launch failed: what the earlier launches measured is kept."""
+        first = str(exc).splitlines()[0]
+        for p in pending:
+            # a launch measured half-way is dropped, so every sample belongs to a whole launch
+            kept = sum(p.result.launch_runs)
+            p.result.samples = {k: v[:kept] for k, v in p.result.samples.items()}
+            done = len(p.result.launch_runs)
+            p.result.warnings.append(
+                f"the baseline has {done} of {wanted} launches: launch {launch} failed: {first}"
+            )
+            outcome, text = self._recording_outcome(p.result.samples, p.result.launch_runs)
+            p.result.outcome, p.result.message = outcome, text
+        self.updates.append(
+            f"{pending[0].result.profile}: baseline launch {launch} failed: {first}"
+        )
+
+    def _priors(
+        self,
+        test_id: str,
+        spec: MarkerSpec,
+        refs: Mapping[str | None, BaselineRef],
+        hardware: str,
+        digest: str,
+        workload: Workload,
+    ) -> dict[tuple[str | None, str], LaunchPrior]:
+        """The launch variance of each checked metric from the nights of history (the same
+        test, hardware, configuration and workload), where the history has enough of them."""
+        if not self.history:
+            return {}
+        priors = {}
+        for threshold in spec.thresholds:
+            prior = prior_for(
+                self.history,
+                test_id=test_id,
+                hardware_key=hardware,
+                fingerprint=digest,
+                workload_hash=workload.content_hash(),
+                metric=threshold.metric,
+            )
+            if prior is not None:
+                priors[(threshold.reference, threshold.metric)] = prior
+        return priors
 
     def _server_info(
         self, client: MeasurementClient, backend: Backend, handle: ServerHandle
@@ -378,13 +529,19 @@ class SpecdecodeSession:
             warnings.append(text)
         return warnings
 
-    def _recording_outcome(self, samples: Mapping[str, list[float]]) -> tuple[Outcome, str]:
+    def _recording_outcome(
+        self, samples: Mapping[str, list[float]], launch_runs: Sequence[int] = ()
+    ) -> tuple[Outcome, str]:
         runs = len(samples.get("tok_s", []))
         if not self.settings.force_baseline:
-            problem = noise_problem(samples, self.settings.max_baseline_cv)
+            problem = noise_problem(
+                samples, self.settings.max_baseline_cv, launch_runs=tuple(launch_runs)
+            )
             if problem is not None:
                 return Outcome.FAIL, f"refusing to record a baseline: {problem} {NOISE_HINT}"
-        return Outcome.RECORDED, f"recorded {runs} runs"
+        launches = len(launch_runs)
+        over = f" over {launches} server launches" if launches > 1 else ""
+        return Outcome.RECORDED, f"recorded {runs} runs{over}"
 
     def _explain_failure(self, exc: RequestError, handle: ServerHandle, when: str) -> Exception:
         """A failed request: if the server died, say so with its exit code and log tail."""
@@ -431,6 +588,7 @@ class SpecdecodeSession:
                 samples={k: tuple(v) for k, v in result.samples.items()},
                 provenance=result.provenance,
                 created_unix=time.time(),
+                launch_runs=tuple(result.launch_runs) if _whole_launches(result) else (),
             )
             try:
                 updates.append(
@@ -449,8 +607,43 @@ class SpecdecodeSession:
                 )
         return updates, errors
 
+    def finish_launches(self) -> None:
+        """Baseline launches still owed (a profile whose last planned test never released its
+        server, e.g. skipped before it started one): done now, before the baselines are
+        written."""
+        for name in list(self._more_launches):
+            profile = self._more_launches[name][0].result.profile
+            self._record_more_launches(self.profile(profile, where="the remaining launches"))
+
     def close(self) -> None:
         self.pool.close()
+
+
+DEFAULT_BASELINE_LAUNCHES = 3
+"""Launches of a baseline where launches vary: a launch-to-launch variance estimated from two
+launch means has 1 degree of freedom; 3 launches (2) already halve the t quantile of a 99% bound,
+at 45 minutes of a GPU box whose load takes 15 (docs/statistics.md)."""
+
+
+@dataclass
+class _PendingLaunches:
+    """A test recorded in the first launch of its profile, owed its other launches."""
+
+    result: SpecdecodeResult
+    spec: MarkerSpec
+    workload: Workload
+    runs: int
+    launches: int
+
+
+def _undecided(check: Check) -> bool:
+    return check.verdict is Verdict.INCONCLUSIVE
+
+
+def _whole_launches(result: SpecdecodeResult) -> bool:
+    """Every metric has one value per run of the launches (else the record is one launch)."""
+    total = sum(result.launch_runs)
+    return all(len(values) == total for values in result.samples.values())
 
 
 def attach_url(spec: str, default_port: int) -> str:

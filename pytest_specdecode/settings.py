@@ -56,6 +56,13 @@ def _run_count(text: str) -> int:
     return value
 
 
+def _launch_count(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 20:
+        raise ValueError("must be a whole number of launches from 1 to 20")
+    return value
+
+
 def _probability(text: str) -> float:
     value = float(text)
     if not 0.0 < value < 0.5:
@@ -199,16 +206,37 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "baseline_runs",
         "--specdecode-baseline-runs",
-        "Runs recorded per test with --update-baselines (more runs = a sharper baseline)",
-        20,
+        "Runs recorded per test and server launch with --update-baselines (more runs = a "
+        "sharper baseline)",
+        60,
         _run_count,
         "N",
     ),
     Option(
+        "baseline_launches",
+        "--specdecode-baseline-launches",
+        "Server launches a baseline is recorded over with --update-baselines, so that the "
+        "verdicts can carry launch-to-launch variance (default: 3 on real servers, 1 on the "
+        "simulated one, which does not vary by launch unless --sim-launch-cv says so)",
+        None,
+        _launch_count,
+        "K",
+    ),
+    Option(
         "alpha",
         "--specdecode-alpha",
-        "One-sided error rate of each verdict (false FAIL and false PASS)",
-        0.05,
+        "One-sided error rate of each verdict at the margin (false FAIL and false PASS of a "
+        "build exactly at the margin; docs/statistics.md)",
+        0.15,
+        _probability,
+        "ALPHA",
+    ),
+    Option(
+        "alpha_no_change",
+        "--specdecode-alpha-no-change",
+        "For a negative margin, a FAIL must also be worse than the baseline itself at this "
+        "level: an unchanged build FAILs about this often at most (docs/statistics.md)",
+        0.01,
         _probability,
         "ALPHA",
     ),
@@ -316,7 +344,9 @@ class Settings:
     runs: int
     max_runs: int
     baseline_runs: int
+    baseline_launches: int | None
     alpha: float
+    alpha_no_change: float
     method: str
     on_inconclusive: str
     on_missing_baseline: str

@@ -77,6 +77,7 @@ from numpy.typing import NDArray
 from scipy import optimize, special, stats
 
 from pytest_specdecode.errors import SpecdecodeError
+from pytest_specdecode.launches import LaunchPrior, TwoLevelInterval, two_level
 
 __all__ = [
     "BOOTSTRAP_MIN_RUNS",
@@ -202,6 +203,11 @@ class Comparison:
     mde: float | None
     verdict: Verdict
     warnings: tuple[str, ...]
+    launches: int = 1  # baseline launches the interval accounts for
+    launch_cv: float | None = None  # the launch-to-launch CV in the interval (two-level only)
+    df: float | None = None
+    alpha_no_change: float | None = None
+    history_nights: int = 0  # earlier nights whose launch variance is in the interval
 
     @property
     def threshold(self) -> float:
@@ -214,7 +220,7 @@ class Comparison:
         scale = (
             "current/baseline" if self.higher_is_better else "baseline/current (lower is better)"
         )
-        mde = "undefined" if self.mde is None else f"{self.mde:.1%}"
+        mde = "undefined" if self.mde is None else mde_text(self.mde)
         text = (
             f"n={cur.n} current vs n={base.n} baseline; mean {cur.mean:.4g} vs {base.mean:.4g} "
             f"(CV {cur.cv_text()} vs {base.cv_text()}); ratio {scale} {self.ratio:.4f}, "
@@ -237,6 +243,7 @@ class _Interval:
     p_pass: float
     p_fail: float
     notes: tuple[str, ...] = ()
+    df: float | None = None  # the t interval's degrees of freedom, where there is one
 
 
 def compare(
@@ -249,15 +256,29 @@ def compare(
     method: str = "welch-log",
     seed: int | None = None,
     n_resamples: int = DEFAULT_RESAMPLES,
+    launch_runs: Sequence[int] | None = None,
+    prior: LaunchPrior | None = None,
+    alpha_no_change: float | None = None,
+    warn_single_launch: bool = False,
 ) -> Comparison:
     """Compare per-run values of the current build with the baseline's against a signed margin.
 
     ``alpha`` is the one-sided error rate of this one look (repeated looks:
     :class:`~pytest_specdecode.sequential.SequentialPlan`); ``seed`` and ``n_resamples`` only
     matter for ``method="bootstrap"``.
+
+    ``launch_runs`` (runs per baseline launch) and ``prior`` (the launch variance from earlier
+    nights) switch to the two-level model of :mod:`pytest_specdecode.launches`: the current
+    runs are one launch, and launch-to-launch variance is in the interval. ``alpha_no_change``
+    (for a negative margin) is the no-change guard: a FAIL also needs the current build to be
+    worse than the baseline itself at that level, so an unchanged build fails at most that
+    often, however close the margin sits to 1 against the noise. ``warn_single_launch`` adds a
+    warning when the interval cannot carry the launch variance (one baseline launch, no prior).
     """
     check_margin(margin)
     check_alpha(alpha)
+    if alpha_no_change is not None:
+        check_alpha(alpha_no_change)
     if method not in METHODS:
         raise StatsInputError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     cur = _positive_values(current, "current")
@@ -266,29 +287,67 @@ def compare(
     log_cur, log_base = sign * np.log(cur), sign * np.log(base)
     threshold = math.log1p(margin)
     cur_constant, base_constant = _is_constant(cur), _is_constant(base)
+    launches = [n for n in (launch_runs or ()) if n > 0]
+    levels = two_level(log_cur, log_base, launches or [base.size], prior)
+    two_levels = levels.launches >= 2 or prior is not None
 
-    if cur.size == 1 or base.size == 1:
-        interval = _no_variance_information(log_cur, log_base, method)
-    elif cur_constant and base_constant:
-        interval = _exact(log_cur, log_base, threshold)
-    elif method == "bootstrap" and min(cur.size, base.size) >= BOOTSTRAP_MIN_RUNS:
-        rng_seed = seed if seed is not None else zlib.crc32(np.concatenate([cur, base]).tobytes())
-        interval = _bootstrap(cur, base, sign, threshold, alpha, rng_seed, n_resamples)
-    elif method == "rank" and not (cur_constant or base_constant):
-        interval = _rank(log_cur, log_base, threshold, alpha)
-    else:
-        interval = _welch_log(log_cur, log_base, cur_constant, base_constant, threshold, alpha)
+    def interval_at(level: float) -> _Interval:
+        if cur.size == 1 or base.size == 1:
+            return _no_variance_information(log_cur, log_base, method)
+        if cur_constant and base_constant:
+            return _exact(log_cur, log_base, threshold)
+        if two_levels:
+            interval = _t_interval("two-level", levels.estimate, levels.se, levels.df,
+                                   threshold, level)  # fmt: skip
+            if method != "welch-log":
+                interval = _with_note(
+                    interval, f"{method} has no launch level: used the two-level t interval"
+                )
+            return interval
+        if method == "bootstrap" and min(cur.size, base.size) >= BOOTSTRAP_MIN_RUNS:
+            seed_ = seed if seed is not None else zlib.crc32(np.concatenate([cur, base]).tobytes())
+            return _bootstrap(cur, base, sign, threshold, level, seed_, n_resamples)
+        if method == "rank" and not (cur_constant or base_constant):
+            return _rank(log_cur, log_base, threshold, level)
+        interval = _welch_log(log_cur, log_base, cur_constant, base_constant, threshold, level)
         if method == "bootstrap":
-            interval = _with_note(interval, _bootstrap_fallback_note(cur.size, base.size))
-        elif method == "rank":
-            interval = _with_note(interval, "rank method needs variation on both sides")
+            return _with_note(interval, _bootstrap_fallback_note(cur.size, base.size))
+        if method == "rank":
+            return _with_note(interval, "rank method needs variation on both sides")
+        return interval
 
+    interval = interval_at(alpha)
     code = int(verdict_codes(np.asarray(interval.low), np.asarray(interval.high), threshold))
+    warnings = list(interval.notes)
+    if warn_single_launch and not two_levels and cur.size > 1 and base.size > 1:
+        warnings.extend(levels.notes)
+    if code == -1 and margin < 0 and alpha_no_change is not None:
+        guard = interval_at(alpha_no_change)
+        if guard.high >= -_TIE_TOLERANCE:
+            code = 0
+            warnings.append(
+                f"worse than the margin at {1 - alpha:.0%} but not distinguishable from no "
+                f"change at {1 - alpha_no_change:.1%} (upper bound {math.exp(guard.high):.3f}): "
+                "not called a regression"
+            )
     design = _mde_design(log_cur, log_base, cur_constant, base_constant)
     mde = None if design is None else min_detectable_effect(*design, alpha)
-    warnings = list(interval.notes)
-    if design is not None and mde is not None and mde > abs(margin) + _TIE_TOLERANCE:
-        warnings.append(_mde_warning(mde, margin, alpha, design, cur.size, base.size, cur_constant))
+    if two_levels and mde is not None:
+        mde = _two_level_mde(levels, alpha)
+    # Only an undecided check needs to hear that it could not have been decided.
+    if code == 0 and design is not None and mde is not None and mde > abs(margin) + _TIE_TOLERANCE:
+        if two_levels:
+            warnings.append(
+                f"MDE {mde_text(mde)} is larger than the margin {abs(margin):.1%}: the "
+                f"launch-to-launch variation (CV {levels.launch_cv:.1%} over {levels.launches} "
+                f"baseline launches{' and the history' if prior is not None else ''}) limits "
+                "what one launch can "
+                "show; more baseline launches or nights of history narrow it"
+            )
+        else:
+            warnings.append(
+                _mde_warning(mde, margin, alpha, design, cur.size, base.size, cur_constant)
+            )
     return Comparison(
         method=interval.method,
         higher_is_better=higher_is_better,
@@ -304,7 +363,45 @@ def compare(
         mde=mde,
         verdict=_CODE_TO_VERDICT[code],
         warnings=tuple(warnings),
+        launches=levels.launches,
+        launch_cv=levels.launch_cv if two_levels else None,
+        df=interval.df,
+        alpha_no_change=alpha_no_change if margin < 0 else None,
+        history_nights=prior.nights if prior is not None else 0,
     )
+
+
+def _t_interval(
+    method: str, estimate: float, se: float, df: float, threshold: float, alpha: float
+) -> _Interval:
+    if se <= 0:
+        return _Interval(method, estimate, estimate, estimate, 0.0, 0.0, (), df)
+    t_crit = float(stats.t.isf(alpha, df))
+    t_stat = (estimate - threshold) / se
+    return _Interval(
+        method,
+        estimate,
+        estimate - t_crit * se,
+        estimate + t_crit * se,
+        float(stats.t.sf(t_stat, df)),
+        float(stats.t.cdf(t_stat, df)),
+        (),
+        df,
+    )
+
+
+def mde_text(mde: float) -> str:
+    """An MDE as a percentage; "unbounded" where no finite change would be detected."""
+    return "unbounded" if math.isinf(mde) else f"{mde:.1%}"
+
+
+def _two_level_mde(levels: TwoLevelInterval, alpha: float) -> float:
+    """The distance a one-sided t test with the two-level standard error and df detects with
+    power :data:`MDE_POWER` (treating the standard error as known: a planning figure)."""
+    t_alpha = float(stats.t.isf(alpha, levels.df))
+    t_power = float(stats.t.isf(1.0 - MDE_POWER, levels.df))
+    distance = (t_alpha - t_power) * levels.se
+    return math.expm1(distance) if distance < 50 else math.inf  # past that: unbounded
 
 
 def _no_variance_information(
@@ -370,25 +467,15 @@ def _welch_log(
         np.asarray(_log_variance(log_base, base_constant)),
         log_base.size,
     )
-    se, df = float(se_arr), float(df_arr)
-    t_crit = float(stats.t.isf(alpha, df))
-    t_stat = (estimate - threshold) / se
-    notes: tuple[str, ...] = ()
+    interval = _t_interval("welch-log", estimate, float(se_arr), float(df_arr), threshold, alpha)
     if cur_constant or base_constant:
         flat, other = ("current", "baseline") if cur_constant else ("baseline", "current")
-        notes = (
+        interval = _with_note(
+            interval,
             f"{flat} has no run-to-run variation, so the Welch interval reduces to a one-sample "
             f"t interval on the {other} runs",
         )
-    return _Interval(
-        "welch-log",
-        estimate,
-        estimate - t_crit * se,
-        estimate + t_crit * se,
-        float(stats.t.sf(t_stat, df)),
-        float(stats.t.cdf(t_stat, df)),
-        notes,
-    )
+    return interval
 
 
 def _log_ratio_of_means(

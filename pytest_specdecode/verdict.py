@@ -14,8 +14,9 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pytest_specdecode.launches import LaunchPrior
 from pytest_specdecode.metrics import METRICS
-from pytest_specdecode.stats import Comparison, Verdict, compare
+from pytest_specdecode.stats import Comparison, Verdict, compare, mde_text
 
 
 class Outcome(str, enum.Enum):
@@ -52,6 +53,7 @@ class BaselineRef:
     problem: str | None = None  # set when samples is None
     mismatch: bool = False  # the problem is a hard fingerprint or workload mismatch
     notes: Mapping[str, str] = field(default_factory=dict)  # metric -> why it has no samples
+    launch_runs: tuple[int, ...] = ()  # runs per server launch of the baseline, in order
 
 
 @dataclass(frozen=True)
@@ -74,23 +76,43 @@ class Check:
         scale, unit = info.display_scale, info.unit
         required = 1.0 + self.threshold.margin
         direction = "at least" if self.threshold.margin >= 0 else "no worse than"
+        launches = ""
+        if c.launch_cv is not None:
+            nights = f" and {c.history_nights} nights of history" if c.history_nights else ""
+            launches = (
+                f" over {c.launches} baseline launch{'es' if c.launches != 1 else ''}{nights}"
+                f" (launch-to-launch CV {c.launch_cv:.1%} in the interval)"
+            )
         text = (
             f"{head}: {c.verdict.value.upper()}. Baseline {c.baseline.mean * scale:.4g} {unit} "
-            f"(n={c.baseline.n}, CV {c.baseline.cv:.1%}), current {c.current.mean * scale:.4g} "
-            f"{unit} (n={c.current.n}, CV {c.current.cv:.1%}); ratio {c.ratio:.3f} with "
-            f"one-sided {1 - c.alpha:.0%} bounds [{c.ci_low:.3f}, {c.ci_high:.3f}]; margin "
-            f"{self.threshold.margin:+.1%} ({direction} {required:.3f} required)"
+            f"(n={c.baseline.n}, CV {c.baseline.cv_text()}), current {c.current.mean * scale:.4g} "
+            f"{unit} (n={c.current.n}, CV {c.current.cv_text()}); ratio {c.ratio:.3f} with "
+            f"one-sided {percent(1 - c.alpha)} bounds [{c.ci_low:.3f}, {c.ci_high:.3f}]{launches}; "
+            f"margin {self.threshold.margin:+.1%} ({direction} {required:.3f} required)"
         )
         if not info.higher_is_better:
             text += "; lower is better, so the ratio is baseline/current"
-        p = c.p_fail if c.verdict is Verdict.FAIL else c.p_pass
-        text += f"; p={p:.3g}"
+        if c.verdict is Verdict.FAIL:
+            text += f"; p(fail)={c.p_fail:.3g} (the chance of a result this low at the margin)"
+        else:
+            text += f"; p(pass)={c.p_pass:.3g} (the chance of a result this high at the margin)"
         if c.mde is not None:
-            text += f", MDE {c.mde:.1%}"
+            text += f", MDE {mde_text(c.mde)}"
         text += f" [{c.method}]."
         if c.warnings:
             text += " " + " ".join(c.warnings)
         return text
+
+
+def percent(fraction: float) -> str:
+    """A confidence level as people read it: 85%, 99.4%, 99.99%; never "100%" from rounding."""
+    value = fraction * 100
+    significant = 3
+    text = f"{value:.{significant}g}"
+    while float(text) >= 100 and value < 100 and significant < 12:
+        significant += 1
+        text = f"{value:.{significant}g}"
+    return text + "%"
 
 
 def evaluate(
@@ -101,7 +123,13 @@ def evaluate(
     alpha: float,
     method: str,
     seed: int | None = None,
+    alpha_no_change: float | None = None,
+    priors: Mapping[tuple[str | None, str], LaunchPrior] | None = None,
+    warn_single_launch: bool = False,
 ) -> tuple[Check, ...]:
+    """One :class:`Check` per threshold. ``priors`` holds the launch variance from history per
+    (reference, metric); ``alpha_no_change`` and ``warn_single_launch`` go to
+    :func:`~pytest_specdecode.stats.compare`."""
     checks = []
     for threshold in thresholds:
         ref = refs[threshold.reference]
@@ -134,6 +162,10 @@ def evaluate(
             alpha=alpha,
             method=method,
             seed=seed,
+            launch_runs=ref.launch_runs,
+            prior=(priors or {}).get((threshold.reference, threshold.metric)),
+            alpha_no_change=alpha_no_change,
+            warn_single_launch=warn_single_launch,
         )
         checks.append(Check(threshold, ref, comparison))
     return tuple(checks)

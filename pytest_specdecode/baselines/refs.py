@@ -101,4 +101,4 @@ class BaselineLookup:
         if check.soft:
             warnings.append(check.warning_message())
         notes = {m: note for m in METRICS if (note := record.missing_metric_note(m)) is not None}
-        return BaselineRef(label, record.samples, path, notes=notes)
+        return BaselineRef(label, record.samples, path, notes=notes, launch_runs=record.launch_runs)

@@ -225,6 +225,14 @@ class ServerPool:
             return  # the last server of the session: close() leaves it running
         self._stop_profile(profile, reason="its last test has finished")
 
+    def relaunch(self, profile: ServerProfile, *, reason: str) -> ServerHandle:
+        """Stop ``profile``'s server and launch it anew (never reuse one): another launch of the
+        same configuration, for a baseline recorded over several launches. The caller holds a
+        lease on the new server and gives it back with :meth:`release`."""
+        self._drop_held(profile)
+        self._stop_profile(profile, reason=reason)
+        return self.acquire(profile)
+
     def _drop_lease(self, profile: ServerProfile) -> None:
         with self.state.edit() as entries:
             entry = entries.get(profile.fingerprint().digest)

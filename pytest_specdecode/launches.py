@@ -1,0 +1,240 @@
+"""Runs nest in launches: the two-level model behind comparisons across server launches.
+
+A relaunch of the same SGLang server is a source of variance of its own: on one H200 the same
+no-speculation profile measured 298.0 and 262.4 tok/s in two launches (run-to-run CV about 2 %
+inside each), and 173.7 and 218.1 tok/s in two launches of the GPU smoke. A nightly run always
+relaunches, so its runs and the baseline's come from different launches, and 20 runs of one launch
+say little about the next launch. Following Kalibera and Jones ("Rigorous Benchmarking in
+Reasonable Time", ISMM 2013): repeat at every level that varies, and let the highest level carry
+the uncertainty. docs/statistics.md has the derivation and the simulated error rates.
+
+**Model** (log values, oriented so that higher is better): run j of launch k is
+``y_kj = mu + a_k + e_kj`` with launch effects ``a_k ~ N(0, sigma_L^2)`` and run noise
+``e_kj ~ N(0, sigma_w^2)``. The baseline has K launches with ``r_k`` runs each; the current side
+is one launch of n runs (the nightly case).
+
+**Estimates.** Baseline level: the mean of the K launch means (each launch weighs the same).
+Launch means vary with ``S_M^2`` (K - 1 df), whose expectation is ``sigma_L^2 + h sigma_b^2``
+with ``h = mean(1 / r_k)``; the within-launch variances ``s_b^2`` (baseline, pooled) and ``s_c^2``
+(current) come from the runs. The launch variance is ``sigma_L^2 = max(0, S_M^2 - h s_b^2)``
+(method of moments), pooled, when the history gives one, with its own estimate
+(:func:`prior_from_history`), weighted by degrees of freedom.
+
+**Interval.** The difference ``d = mean(current) - mean(launch means)`` has variance
+``sigma_L^2 (1 + 1/K) + h s_b^2 / K + s_c^2 / n``: the current launch's own effect, the
+baseline level's launch and run uncertainty, the current runs. Its degrees of freedom are
+Satterthwaite's over the three estimated terms, the launch term counting ``K - 1`` (plus the
+history's). With one baseline launch and no history the launch variance cannot be estimated: the
+interval is the run-level one (Welch) and says so in a warning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+HISTORY_WINDOW = 30
+"""Nights of history used for the launch variance: the most recent ones, so that a slow drift
+of the build (which the successive differences mostly cancel) has little room to grow."""
+
+MIN_HISTORY_NIGHTS = 3
+
+
+@dataclass(frozen=True)
+class LaunchPrior:
+    """The variance of one launch's mean (log scale) from earlier nights of the same test, the
+    same fingerprint and workload: ``variance`` estimates ``sigma_L^2 + sigma_w^2 / runs``."""
+
+    variance: float
+    df: float
+    nights: int
+    runs: float  # runs per night (their mean)
+
+    def launch_variance(self, within: float) -> float:
+        """``sigma_L^2`` alone, given the run-to-run variance ``within`` (log scale)."""
+        return max(0.0, self.variance - within / self.runs)
+
+
+def prior_from_history(
+    log_means: Sequence[float], runs: Sequence[float], *, window: int = HISTORY_WINDOW
+) -> LaunchPrior | None:
+    """The launch-mean variance from successive nights (oldest first), or None with fewer than
+    :data:`MIN_HISTORY_NIGHTS`.
+
+    Successive differences, not the spread around the mean: half the mean squared successive
+    difference (von Neumann) estimates the variance of one night's mean without the drift of a
+    build that gets slowly faster or slower, and a step change (a real regression that was then
+    fixed) inflates it by one difference only. Its degrees of freedom are taken as two thirds of
+    the number of differences (successive differences overlap; for independent nights the
+    estimator's efficiency against the sample variance is about 2/3).
+    """
+    values = np.asarray(log_means, dtype=np.float64)[-window:]
+    counts = np.asarray(runs, dtype=np.float64)[-window:]
+    if values.size < MIN_HISTORY_NIGHTS or not np.all(np.isfinite(values)):
+        return None
+    diffs = np.diff(values)
+    variance = float(np.mean(diffs**2) / 2.0)
+    return LaunchPrior(
+        variance=variance,
+        df=max(1.0, 2.0 * diffs.size / 3.0),
+        nights=int(values.size),
+        runs=float(np.mean(counts)),
+    )
+
+
+@dataclass(frozen=True)
+class TwoLevelInterval:
+    """The estimated log ratio, its standard error and degrees of freedom."""
+
+    estimate: float
+    se: float
+    df: float
+    launches: int
+    launch_variance: float  # sigma_L^2 used (log scale)
+    within_current: float
+    within_baseline: float
+    notes: tuple[str, ...]
+
+    @property
+    def launch_cv(self) -> float:
+        return math.sqrt(math.expm1(self.launch_variance))
+
+
+def two_level(
+    log_current: NDArray[np.float64],
+    log_baseline: NDArray[np.float64],
+    launch_runs: Sequence[int],
+    prior: LaunchPrior | None = None,
+) -> TwoLevelInterval:
+    """The two-level estimate of ``mean(current) - baseline level`` (module docstring).
+
+    ``log_baseline`` holds the baseline's runs in launch order, ``launch_runs`` how many each
+    launch contributed (they add up to its length); ``log_current`` is one launch."""
+    groups = _split(log_baseline, launch_runs)
+    k = len(groups)
+    n = log_current.size
+    means = np.array([group.mean() for group in groups])
+    level = float(means.mean())
+    estimate = float(log_current.mean()) - level
+    s_c = float(np.var(log_current, ddof=1)) if n > 1 else 0.0
+    within_df = sum(group.size - 1 for group in groups)
+    s_b = (
+        sum(float(np.sum((group - group.mean()) ** 2)) for group in groups) / within_df
+        if within_df > 0
+        else s_c
+    )
+    h = float(np.mean([1.0 / group.size for group in groups]))
+    notes: list[str] = []
+
+    # The launch variance: from the baseline's launch means (K - 1 df), pooled by df with the
+    # history's, as a linear combination of independent mean squares: (value, df, weight).
+    # S_M^2 - h s_b^2 estimates sigma_L^2 from the launch means; V_h - s_b^2 / runs from history.
+    parts: list[tuple[float, float, float]] = []  # (variance of launch means, df, runs each)
+    if k >= 2:
+        parts.append((float(np.var(means, ddof=1)), float(k - 1), 1.0 / h))
+    if prior is not None:
+        parts.append((prior.variance, prior.df, prior.runs))
+    pooled_df = sum(df for _, df, _ in parts)
+    within_df_f = float(within_df) if within_df > 0 else math.inf
+    mean_squares: list[tuple[float, float, float]] = []  # (coefficient, value, df)
+    launch_var = 0.0
+    subtract = 0.0  # the run noise the pooled launch means carry, per unit of s_b^2
+    for value, df, runs in parts:
+        launch_var += df / pooled_df * value
+        subtract += df / pooled_df / runs
+    launch_var -= subtract * s_b
+    if parts and launch_var > 0:
+        factor = 1.0 + 1.0 / k
+        for value, df, _ in parts:
+            mean_squares.append((factor * df / pooled_df, value, df))
+        mean_squares.append((h / k - factor * subtract, s_b, within_df_f))
+    else:
+        launch_var = 0.0
+        if k >= 2:  # no launch variance beyond the run noise: the baseline level's own spread
+            mean_squares.append((1.0 / k, float(np.var(means, ddof=1)), float(k - 1)))
+        else:
+            mean_squares.append((h / k, s_b, within_df_f))
+        if not parts:
+            notes.append(
+                "the baseline was recorded in one server launch and there is no history of "
+                "this test, so the launch-to-launch variance is not in the interval (on real "
+                "GPUs it is often larger than the run-to-run one); record the baseline with "
+                "--specdecode-baseline-launches 3"
+            )
+    mean_squares.append((1.0 / n, s_c, float(n - 1) if n > 1 else math.inf))
+    variance = max(0.0, sum(c * value for c, value, _ in mean_squares))
+    denominator = sum(
+        (c * value) ** 2 / df for c, value, df in mean_squares if value > 0 and math.isfinite(df)
+    )
+    df = variance**2 / denominator if denominator > 0 else math.inf
+    # Satterthwaite's df falls below 1 when a term is subtracted (the run noise inside the
+    # launch means) and that term is large: real SGLang gave 0.23 with two noisy launches, a t
+    # quantile past overflow. Below 1 the t distribution has no mean; 1 (Cauchy) is the floor.
+    df = max(df, 1.0)
+    if parts and launch_var > 0:
+        # Never more than the launch level's own df: Satterthwaite's df is estimated from the
+        # same draw as the standard error and is liberal exactly when the launch means happen to
+        # lie close together (an unchanged build then failed 1% instead of 0.4% at launch CV
+        # 5%; docs/statistics.md). This is Kalibera and Jones's t on the launch means.
+        df = min(df, pooled_df)
+    return TwoLevelInterval(
+        estimate=estimate,
+        se=math.sqrt(variance),
+        df=df,
+        launches=k,
+        launch_variance=launch_var,
+        within_current=s_c,
+        within_baseline=s_b,
+        notes=tuple(notes),
+    )
+
+
+def _split(values: NDArray[np.float64], launch_runs: Sequence[int]) -> list[NDArray[np.float64]]:
+    if sum(launch_runs) != values.size or any(n < 1 for n in launch_runs):
+        return [values]  # not split as recorded (e.g. a metric missing in some runs)
+    groups, start = [], 0
+    for count in launch_runs:
+        groups.append(values[start : start + count])
+        start += count
+    return groups
+
+
+def prior_for(
+    history: Sequence[Mapping[str, Any]],
+    *,
+    test_id: str,
+    hardware_key: str,
+    fingerprint: str,
+    workload_hash: str,
+    metric: str,
+) -> LaunchPrior | None:
+    """The launch prior of one test's metric from history records (oldest first; the JSON-lines
+    history of :mod:`pytest_specdecode.outputs.history`): the nights that measured the same test
+    on the same hardware key, configuration fingerprint and workload, each one launch. A night
+    whose test was not measured (crashed) or measured the metric in one run is left out."""
+    log_means: list[float] = []
+    runs: list[float] = []
+    for night in history:
+        for test in night.get("tests") or ():
+            if not isinstance(test, Mapping) or (
+                test.get("test_id"),
+                test.get("hardware_key"),
+                test.get("fingerprint"),
+                test.get("workload_hash"),
+            ) != (test_id, hardware_key, fingerprint, workload_hash):
+                continue
+            if test.get("outcome") == "recorded":
+                continue  # a baseline recording (several launches) is not one night's launch
+            summary = (test.get("metrics") or {}).get(metric)
+            if not isinstance(summary, Mapping):
+                continue
+            mean, n = summary.get("mean"), summary.get("n")
+            if isinstance(mean, int | float) and mean > 0 and isinstance(n, int) and n >= 2:
+                log_means.append(math.log(mean))
+                runs.append(float(n))
+    return prior_from_history(log_means, runs)
