@@ -14,6 +14,10 @@ Environment knobs:
   GPU_SMOKE_LAUNCHES=10        launches in the launch phase; GPU_SMOKE_CONCURRENCY=5 at a time
   GPU_SMOKE_BASELINE_RUNS=10   runs recorded per baseline
   GPU_SMOKE_ATTACH_PORT=30100  the hand-started server of the attach phase
+  GPU_SMOKE_SPREAD_LAUNCHES=3, GPU_SMOKE_SPREAD_RUNS=8
+                               baseline launches and runs per launch of the spread phases
+  GPU_SMOKE_SPREAD_BASELINES   an earlier call's baselines-spread.tar.gz (a fresh machine)
+  GPU_SMOKE_SPREAD_K           a -k expression for the spread-check phase
 """
 
 from __future__ import annotations
@@ -75,6 +79,67 @@ num_steps = 2
 eagle_topk = 1
 num_draft_tokens = 3
 """
+SPREAD_PROFILES = """
+# The spread phases: two profiles that differ only in the NCCL environment (the seed's six
+# variables, or none), each recorded over several launches, so that the launch-to-launch spread
+# can be set beside the run-to-run one. At TP 1 NCCL moves no data: the variables must reach the
+# processes, and the fingerprint must keep the two apart, whatever tok/s does.
+[env.seed_nccl]
+NCCL_PROTO = "LL"
+NCCL_ALGO = "Ring"
+NCCL_P2P_LEVEL = "SYS"
+NCCL_MAX_NCHANNELS = "16"
+NCCL_BUFFSIZE = "16777216"
+NCCL_NTHREADS = "512"
+NCCL_NVLS_ENABLE = "0"
+TORCH_SYMM_MEM_DISABLE_MULTICAST = "1"
+NVSHMEM_DISABLE_NVLS = "1"
+HF_HUB_OFFLINE = "1"
+
+[profiles.spread-plain]
+description = "tiny Llama, no speculation, no NCCL tuning"
+model_path = "@MODELS@/tiny-llama"
+
+[profiles.spread-nccl]
+description = "tiny Llama, no speculation, the seed's six NCCL variables"
+model_path = "@MODELS@/tiny-llama"
+env = "seed_nccl"
+
+[env.seed_nccl_debug]
+NCCL_PROTO = "LL"
+NCCL_ALGO = "Ring"
+NCCL_P2P_LEVEL = "SYS"
+NCCL_MAX_NCHANNELS = "16"
+NCCL_BUFFSIZE = "16777216"
+NCCL_NTHREADS = "512"
+NCCL_NVLS_ENABLE = "0"
+TORCH_SYMM_MEM_DISABLE_MULTICAST = "1"
+NVSHMEM_DISABLE_NVLS = "1"
+HF_HUB_OFFLINE = "1"
+NCCL_DEBUG = "INFO"
+NCCL_DEBUG_SUBSYS = "INIT,ENV,TUNING"
+
+[profiles.spread-nccl-debug]
+description = "the NCCL-tuned profile with NCCL_DEBUG=INFO: NCCL's own account of its settings"
+model_path = "@MODELS@/tiny-llama"
+env = "seed_nccl_debug"
+"""
+SHELL_NCCL = {  # exported by the shell around the spread phases, with values no profile uses
+    "NCCL_PROTO": "Simple",
+    "NCCL_ALGO": "Tree",
+    "NCCL_P2P_LEVEL": "NVL",
+    "NCCL_MAX_NCHANNELS": "2",
+    "NCCL_BUFFSIZE": "4194304",
+    "NCCL_NTHREADS": "64",
+}
+SEED_NCCL = {
+    "NCCL_PROTO": "LL",
+    "NCCL_ALGO": "Ring",
+    "NCCL_P2P_LEVEL": "SYS",
+    "NCCL_MAX_NCHANNELS": "16",
+    "NCCL_BUFFSIZE": "16777216",
+    "NCCL_NTHREADS": "512",
+}
 
 
 def log(msg: str) -> None:
@@ -95,10 +160,10 @@ def write_suite() -> None:
     for i, key in enumerate(("NOSPEC", "MATCH", "MISS")):
         text = text.replace(f"@PORT_{key}@", f"port = {30001 + i}" if fixed else "")
     text = text.replace("@MEM@", os.environ.get("GPU_SMOKE_MEM_FRACTION", "0.5"))
-    text += LAUNCH_PROFILE
+    text += LAUNCH_PROFILE + SPREAD_PROFILES
     text = text.replace("@MODELS@", str(MODELS))
     (SUITE / "specdecode.toml").write_text(text)
-    for name in ("test_gpu_smoke.py", "test_launch.py"):
+    for name in ("test_gpu_smoke.py", "test_launch.py", "test_spread.py"):
         shutil.copy(HERE / "suite" / name, SUITE / name)
     # the suite's own ini: none of the repository's settings (filterwarnings = error, testpaths)
     (SUITE / "pytest.ini").write_text(
@@ -111,7 +176,9 @@ def plugin_args() -> list[str]:
     return [] if "specdecode" in names else ["-p", "pytest_specdecode.plugin"]
 
 
-def run_pytest(tag: str, args: list[str], *, timeout: float = 1500) -> tuple[int, str, float]:
+def run_pytest(
+    tag: str, args: list[str], *, timeout: float = 1500, env: dict[str, str] | None = None
+) -> tuple[int, str, float]:
     """pytest in the suite directory; its output to the console and logs/<tag>.txt."""
     LOGS.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -128,7 +195,7 @@ def run_pytest(tag: str, args: list[str], *, timeout: float = 1500) -> tuple[int
     if os.environ.get("GPU_SMOKE_SKIP_PREFLIGHT") == "1":
         cmd.append("--specdecode-skip-preflight")
     log(f"[{tag}] $ {' '.join(cmd)}")
-    env = dict(os.environ, **SERVER_ENV)
+    env = dict(os.environ, **SERVER_ENV, **(env or {}))
     start = time.monotonic()
     with (LOGS / f"{tag}.txt").open("w") as f:
         proc = subprocess.Popen(
@@ -139,7 +206,7 @@ def run_pytest(tag: str, args: list[str], *, timeout: float = 1500) -> tuple[int
         for line in proc.stdout:
             lines.append(line)
             f.write(line)
-            if tag.startswith(("record", "check", "attach")):
+            if tag.startswith(("record", "check", "attach", "spread")):
                 sys.stdout.write(line)
         try:
             rc = proc.wait(timeout=timeout)
@@ -387,6 +454,221 @@ def phase_launches() -> int:
     return 1 if failures else 0
 
 
+# -- spread: launches against runs, and where NCCL settings go --------------------------------
+
+
+def env_dumps(directory: Path) -> dict[str, dict]:
+    """profile -> what its servers' processes had: the variables by process, and the verdict
+    on them (every process has exactly the profile's NCCL values; none from the shell)."""
+    out: dict[str, dict] = {}
+    for path in sorted(directory.glob("*.json")):
+        if path.name == "nccl-debug-lines.json":
+            continue
+        data = json.loads(path.read_text())
+        profile = data["profile"]
+        expected = SEED_NCCL if profile.startswith("spread-nccl") else {}
+        procs = data["processes"]
+        bad, unreadable = [], []
+        for pid, proc in procs.items():
+            if not proc.get("environ_readable", True):
+                unreadable.append(proc["cmdline"].strip())
+                continue
+            nccl = {k: v for k, v in proc["env"].items() if k in SEED_NCCL}
+            if nccl != expected:
+                bad.append({"pid": pid, "cmdline": proc["cmdline"].strip(), "nccl": nccl})
+        entry = out.setdefault(
+            profile, {"servers": 0, "processes": 0, "wrong": [], "unreadable": [], "sample": {}}
+        )
+        entry["servers"] += 1
+        entry["processes"] += len(procs)
+        entry["wrong"] += bad
+        entry["unreadable"] += unreadable
+    lines = directory / "nccl-debug-lines.json"
+    if lines.exists():
+        found = json.loads(lines.read_text())
+        out["nccl-debug"] = {
+            "lines": len(found),
+            "env_lines": [line for line in found if "set by environment" in line][:20],
+        }
+        readable = [p for p in procs.values() if p.get("environ_readable", True)]
+        if readable and not entry["sample"]:
+            entry["sample"] = {"cmdline": readable[0]["cmdline"], "env": readable[0]["env"]}
+    return out
+
+
+def launch_spread(baselines: Path) -> dict[str, dict]:
+    """profile -> tok/s per launch of its baseline: mean and run CV of each launch, and the
+    launch-to-launch CV of the launch means (corrected for their own run noise)."""
+    out: dict[str, dict] = {}
+    for path in sorted(baselines.rglob("*.json")):
+        data = json.loads(path.read_text())
+        values = [float(v) for v in data["samples"]["tok_s"]]
+        counts = data.get("launch_runs") or [len(values)]
+        launches, start = [], 0
+        for n in counts:
+            part = values[start : start + n]
+            start += n
+            launches.append(part)
+        means = [statistics.mean(p) for p in launches]
+        run_cvs = [statistics.stdev(p) / statistics.mean(p) for p in launches if len(p) > 1]
+        level = statistics.mean(means)
+        spread = statistics.stdev(means) / level if len(means) > 1 else None
+        within = statistics.mean(cv**2 for cv in run_cvs) / statistics.mean(counts)
+        launch_cv = None if spread is None else max(0.0, spread**2 - within) ** 0.5
+        out[path.stem] = {
+            "profile": data.get("profile") or path.stem,
+            "fingerprint": (data.get("fingerprint") or {}).get("digest"),
+            "launch_means": [round(m, 2) for m in means],
+            "run_cv": [round(cv, 4) for cv in run_cvs],
+            "launch_cv": None if launch_cv is None else round(launch_cv, 4),
+        }
+    return out
+
+
+def phase_spread(phase: str) -> int:
+    basetemp = STATE / f"pt-{phase}"
+    report = RESULTS / f"{phase}-report.json"
+    dump = STATE / f"env-{phase}"
+    shutil.rmtree(dump, ignore_errors=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    args = [
+        "test_spread.py",
+        "--basetemp", str(basetemp),
+        "--specdecode-baselines", str(STATE / "baselines-spread"),
+        "--specdecode-state-dir", str(STATE / "state-spread"),
+        "--specdecode-report", str(report),
+        # SGLang's own argument check ran in the other phases; here a launch costs a minute
+        "--specdecode-skip-preflight",
+    ]  # fmt: skip
+    env = {**SHELL_NCCL, "GPU_SMOKE_ENV_DUMP": str(dump)}
+    if phase == "spread-record":
+        args += [
+            "--update-baselines",
+            "--specdecode-baseline-launches", str(env_int("GPU_SMOKE_SPREAD_LAUNCHES", 3)),
+            "--specdecode-baseline-runs", str(env_int("GPU_SMOKE_SPREAD_RUNS", 8)),
+        ]  # fmt: skip
+        env["PYTEST_SPECDECODE_MAX_BASELINE_CV"] = "0.25"
+    else:
+        carried = os.environ.get("GPU_SMOKE_SPREAD_BASELINES")
+        if carried and not (STATE / "baselines-spread").exists():
+            # a fresh machine: the baselines an earlier call recorded (its
+            # baselines-spread.tar.gz), carried in the checkout
+            shutil.unpack_archive(carried, STATE)
+    if phase == "spread-record":
+        args += ["-k", "not test_nccl_debug"]  # nothing to record there
+    elif phase == "spread-check" and os.environ.get("GPU_SMOKE_SPREAD_K"):
+        args += ["-k", os.environ["GPU_SMOKE_SPREAD_K"]]
+    if phase == "spread-swap":
+        # the plain test on the NCCL-tuned server: its baseline was recorded without tuning
+        env["GPU_SMOKE_SPREAD_SWAP"] = "1"
+        args += ["-k", "test_plain"]
+    rc, output, wall = run_pytest(phase, [*args, "-rA"], env=env)
+    save(
+        phase,
+        {
+            "rc": rc,
+            "wall_s": round(wall, 1),
+            "rows": report_rows_by_test(report),
+            "ready_s": ready_times(output),
+            "launch_failures": len(re.findall(r"exited with code", output)),
+            "environments": env_dumps(dump),
+            "spread": launch_spread(STATE / "baselines-spread"),
+        },
+    )
+    if phase == "spread-record" and (STATE / "baselines-spread").exists():
+        OUT.mkdir(parents=True, exist_ok=True)  # one file: $OUT brings back 2 folders deep only
+        shutil.make_archive(str(OUT / "baselines-spread"), "gztar", STATE, "baselines-spread")
+    return rc
+
+
+CHECK_KEYS = ("metric", "reference", "verdict", "ratio", "ci_low", "ci_high", "launches",
+              "launch_cv", "problem")  # fmt: skip
+
+
+def check_text(c: dict) -> str:
+    text = f"{c['metric']} vs {c['reference'] or 'own'}: {c['verdict'] or c['problem']}"
+    if c.get("ratio"):
+        text += f" {c['ratio']:.3f} [{c['ci_low']:.3f}, {c['ci_high']:.3f}]"
+    if c.get("launch_cv") is not None:
+        text += f", {c['launches']} launches, launch CV {c['launch_cv']:.1%}"
+    return text
+
+
+def report_rows_by_test(report: Path) -> dict[str, dict]:
+    rows: dict[str, dict] = {}
+    if not report.exists():
+        return rows
+    for t in json.loads(report.read_text()).get("tests", []):
+        tok = (t.get("summary") or {}).get("tok_s") or {}
+        rows[t.get("test_id", "?").rsplit("::", 1)[-1]] = {
+            "profile": t.get("profile"),
+            "outcome": t.get("outcome"),
+            "tok_s": tok.get("mean"),
+            "tok_s_cv": tok.get("cv"),
+            "runs": tok.get("n"),
+            "launch_runs": t.get("launch_runs"),
+            "checks": [{k: c.get(k) for k in CHECK_KEYS} for c in t.get("checks") or []],
+            "message": (t.get("message") or "")[:600],
+        }
+    return rows
+
+
+def spread_table(res: dict[str, dict]) -> list[str]:
+    rec, chk, swap = (res.get(f"spread-{n}") for n in ("record", "check", "swap"))
+    if not rec and not chk:
+        return []
+    out = [
+        "",
+        "## spread: launches against runs, NCCL environment (TP 1)",
+        "",
+        "| test | profile | tok/s per launch (baseline) | run CV per launch | launch CV | "
+        "fingerprint |",
+        "|---|---|---|---|---|---|",
+    ]
+    for test, sp in sorted((chk or rec or {}).get("spread", {}).items()):
+        launch_cv = "-" if sp["launch_cv"] is None else f"{sp['launch_cv']:.1%}"
+        out.append(
+            f"| {test} | {sp['profile']} | {', '.join(f'{m:.1f}' for m in sp['launch_means'])} | "
+            f"{', '.join(f'{cv:.1%}' for cv in sp['run_cv'])} | "
+            f"{launch_cv} | "
+            f"{(sp['fingerprint'] or '-')[:12]} |"
+        )
+    for name, r in (("record", rec), ("check", chk), ("swap", swap)):
+        if not r:
+            continue
+        out.append(
+            f"- {name}: pytest exit {r['rc']}, {r['wall_s']} s, servers ready after "
+            f"{', '.join(f'{t:.1f}' for t in r['ready_s']) or '-'} s"
+        )
+        for test, row in sorted(r["rows"].items()):
+            recorded = row["outcome"] == "recorded"  # a recording compares nothing
+            checks = "" if recorded else "; ".join(check_text(c) for c in row["checks"])
+            out.append(
+                f"  - {test} on {row['profile']}: **{row['outcome']}**, "
+                f"{fmt(row['tok_s'], '.1f')} tok/s over {row['runs']} runs"
+                + (f"; {checks}" if checks else "")
+            )
+        debug = r.get("environments", {}).get("nccl-debug")
+        if debug:
+            taken = debug["env_lines"] or "none logged"
+            out.append(
+                f"  - NCCL_DEBUG=INFO: {debug['lines']} NCCL lines in the server log; taken "
+                f"from the environment: {taken}"
+            )
+        for profile, e in sorted(r.get("environments", {}).items()):
+            if profile == "nccl-debug":
+                continue
+            verdict = "as the profile says" if not e["wrong"] else f"WRONG in {e['wrong']}"
+            if e.get("unreadable"):
+                verdict += f" (environ unreadable, title rewritten: {sorted(set(e['unreadable']))})"
+            out.append(
+                f"  - {profile}: {e['processes']} processes of {e['servers']} server(s), NCCL "
+                f"variables {verdict}; e.g. `{e['sample'].get('cmdline', '')[:60]}`: "
+                f"{e['sample'].get('env')}"
+            )
+    return out
+
+
 # -- the table ---------------------------------------------------------------------------------
 
 
@@ -407,7 +689,10 @@ def sglang_summary(values: list[float]) -> str:
 def load_results(dirs: list[Path]) -> dict[str, dict]:
     res: dict[str, dict] = {}
     for d in dirs:
-        for name in ("record", "check", "attach", "launches"):
+        for name in (
+            *("record", "check", "attach", "launches"),
+            *("spread-record", "spread-check", "spread-swap"),
+        ):
             p = d / f"{name}.json"
             if p.exists():
                 res[name] = json.loads(p.read_text())
@@ -470,6 +755,7 @@ def table(res: dict[str, dict]) -> str:
             f"**{'PASS' if at.get('passed') else 'FAIL'}**"
             + (f" ({at['error']})" if at.get("error") else "")
         )
+    out += spread_table(res)
     return "\n".join(out) + "\n"
 
 
@@ -516,10 +802,15 @@ def main(argv: list[str]) -> int:
             code = phase_attach()
         elif phase == "launches":
             code = phase_launches()
+        elif phase in ("spread-record", "spread-check", "spread-swap"):
+            code = phase_spread(phase)
         elif phase == "table":
             code = phase_table([])
         else:
-            log(f"unknown phase {phase!r}: choose record, check, attach, launches, table")
+            log(
+                f"unknown phase {phase!r}: choose record, check, attach, launches, "
+                "spread-record, spread-check, spread-swap, table"
+            )
             return 2
         log(f"phase {phase}: exit {code} after {time.monotonic() - t0:.0f}s")
         rc = rc or code
