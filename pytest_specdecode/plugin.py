@@ -560,3 +560,48 @@ class _XdistHooks:
         from xdist.scheduler import LoadGroupScheduling
 
         return LoadGroupScheduling(config, log)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        """On a worker, make sure each node id carries its "@group" tag (after xdist's hook).
+
+        xdist tags by assigning ``item._nodeid``, but since pytest 9.2 ``nodeid`` is read from
+        the structured ``item._id``, so the tag is silently lost and LoadGroupScheduling gives
+        every test its own group (pytest-xdist#1386). Where xdist's tag took, this does nothing.
+        """
+        if not config.getoption("loadgroup", False):
+            return
+        for item in items:
+            # LoadGroupScheduling._split_scope's test for a tagged id.
+            if item.nodeid.rfind("@") > item.nodeid.rfind("]"):
+                continue
+            # The group name xdist 3.8 builds in WorkerInteractor.pytest_collection_modifyitems.
+            names = {
+                str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                for mark in item.iter_markers("xdist_group")
+            }
+            if names:
+                tagged = f"{item.nodeid}@{'_'.join(sorted(names))}"
+                _set_nodeid(item, tagged)
+                if item.nodeid != tagged:  # a pytest that moved node ids again
+                    warnings.warn(
+                        SpecdecodeWarning(
+                            f"cannot tag node ids with their xdist_group on pytest "
+                            f"{pytest.__version__}: a profile's tests may run on several "
+                            "workers, each launching its own server"
+                        ),
+                        stacklevel=1,
+                    )
+                    return
+
+
+def _set_nodeid(item: pytest.Item, nodeid: str) -> None:
+    """Rewrite the node id, as xdist's loadgroup does; pytest offers no public way to."""
+    node: Any = item
+    structured: Any = getattr(node, "_id", None)
+    if hasattr(structured, "parse"):
+        node._id = structured.parse(nodeid)  # pytest >= 9.2: nodeid is str(item._id)
+    else:
+        node._nodeid = nodeid

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The pytest / pytest-xdist / pytest-benchmark versions pyproject.toml admits, tested at both
+# ends: the oldest it allows and the newest tested. Each pin set gets its own venv (cached in
+# ~/.cache/pytest-specdecode/compat-*), and runs the tests that depend on pytest's and xdist's
+# internals: grouping a profile's tests onto one worker (tests/e2e/test_lifecycle.py -k xdist,
+# broken by pytest 9.2's structured node ids until the plugin repaired xdist's tag) and the
+# benchmark bridge. Called by scripts/test; prints each pin set's time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cache="${SPECDECODE_CACHE:-$HOME/.cache/pytest-specdecode}"
+pins=(
+  "pytest==8.0.0 pytest-xdist==3.5.0 pytest-benchmark==4.0.0"  # the bounds in pyproject.toml
+  "pytest==9.2.0 pytest-xdist==3.8.0 pytest-benchmark==5.2.3"  # the newest tested
+)
+status=0
+for spec in "${pins[@]}"; do
+  t0=$(date +%s)
+  venv="$cache/compat-$(echo "$spec" | sha256sum | cut -c1-12)"
+  if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+  fi
+  # shellcheck disable=SC2086  # the pins are separate words
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e . jsonschema $spec
+  if ! "$venv/bin/python" -m pytest -q -p no:randomly -p no:cacheprovider \
+      tests/e2e/test_lifecycle.py tests/e2e/test_outputs_e2e.py -k "xdist or benchmark"; then
+    echo "scripts/test-compat: FAILED with $spec" >&2
+    status=1
+  fi
+  echo "scripts/test-compat: $spec: $(( $(date +%s) - t0 )) s" >&2
+done
+# the editable install above pointed the package at this checkout from other venvs; the main
+# interpreter's own install is left as it was
+exit $status
