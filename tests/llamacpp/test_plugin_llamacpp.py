@@ -255,7 +255,9 @@ def test_a_recorded_baseline_passes_and_a_slower_configuration_fails_against_it(
         profiles(project.models, binary=str(llama_server_binary.path))
     )
     project.tests(JOURNEY)
-    recorded = project.run(*RECORD, "-k", "holds")
+    # One launch, so that the counts below are one launch's; a real server's default is three
+    # launches per baseline (the launch journey is tests/e2e/test_launches_e2e.py's).
+    recorded = project.run(*RECORD, "--specdecode-baseline-launches", "1", "-k", "holds")
     recorded.assert_outcomes(passed=1, deselected=1)
     baseline_file = (
         project.path / "baselines" / "cpu" / "test_perf" / ("test_fixed_holds_its_baseline.json")
