@@ -90,6 +90,7 @@ __all__ = [
     "check_alpha",
     "check_margin",
     "compare",
+    "confidence_text",
     "describe",
     "min_detectable_effect",
     "required_runs",
@@ -149,6 +150,18 @@ class SampleSummary:
     def cv_text(self) -> str:
         """The CV as a percentage, or ``n/a`` where it is not measured."""
         return "n/a" if self.cv is None else f"{self.cv:.1%}"
+
+
+def confidence_text(fraction: float) -> str:
+    """A confidence level as people read it: 85%, 99.4%, 99.96%. Never "100%" from rounding: a
+    level below 1 keeps the digits that show it is below (a per-look level of 1 - 0.0004 is
+    99.96%, not 100.0%), and one too close to 1 for 12 digits reads ">99.9999999999%"."""
+    value = fraction * 100
+    for significant in range(3, 13):
+        text = f"{value:.{significant}g}"
+        if value >= 100 or float(text) < 100:
+            return text + "%"
+    return ">99.9999999999%"
 
 
 def describe(samples: Sequence[float], confidence: float = 0.95) -> SampleSummary:
@@ -224,9 +237,10 @@ class Comparison:
         text = (
             f"n={cur.n} current vs n={base.n} baseline; mean {cur.mean:.4g} vs {base.mean:.4g} "
             f"(CV {cur.cv_text()} vs {base.cv_text()}); ratio {scale} {self.ratio:.4f}, "
-            f"CI [{self.ci_low:.4f}, {self.ci_high:.4f}] (two one-sided {1 - self.alpha:.1%} "
-            f"bounds, {self.method}); margin {self.margin:+.1%} (threshold {self.threshold:.4f}); "
-            f"p(pass)={self.p_pass:.3g}, p(fail)={self.p_fail:.3g}; MDE {mde}; "
+            f"CI [{self.ci_low:.4f}, {self.ci_high:.4f}] (two one-sided "
+            f"{confidence_text(1 - self.alpha)} bounds, {self.method}); margin "
+            f"{self.margin:+.1%} (threshold {self.threshold:.4f}); {p_values_text(self)}; "
+            f"MDE {mde}; "
             f"verdict {self.verdict.value.upper()}."
         )
         return " ".join([text, *(f"Warning: {warning}." for warning in self.warnings)])
@@ -326,8 +340,9 @@ def compare(
         if guard.high >= -_TIE_TOLERANCE:
             code = 0
             warnings.append(
-                f"worse than the margin at {1 - alpha:.0%} but not distinguishable from no "
-                f"change at {1 - alpha_no_change:.1%} (upper bound {math.exp(guard.high):.3f}): "
+                f"worse than the margin at {confidence_text(1 - alpha)} but not distinguishable "
+                f"from no change at {confidence_text(1 - alpha_no_change)} (upper bound "
+                f"{math.exp(guard.high):.3f}): "
                 "not called a regression"
             )
     design = _mde_design(log_cur, log_base, cur_constant, base_constant)
@@ -387,6 +402,16 @@ def _t_interval(
         float(stats.t.cdf(t_stat, df)),
         (),
         df,
+    )
+
+
+def p_values_text(comparison: Comparison) -> str:
+    """Both p-values, each named: what it is the chance of, and what the verdict needs of it."""
+    level = f"{comparison.alpha:.3g}"
+    return (
+        f"p(pass)={comparison.p_pass:.3g} and p(fail)={comparison.p_fail:.3g} (the chances that a "
+        "build exactly at the margin measures this high and this low; PASS needs p(pass) <= "
+        f"{level}, FAIL p(fail) <= {level})"
     )
 
 
@@ -633,8 +658,8 @@ def _mde_warning(
     cur_constant: bool,
 ) -> str:
     text = (
-        f"MDE {mde:.1%} is larger than the margin {abs(margin):.1%}: this test cannot support its "
-        f"claim at n={n_cur}"
+        f"MDE {mde:.1%} is larger than the margin {abs(margin):.1%}: this check cannot be "
+        f"decided either way at n={n_cur}"
     )
     if margin == 0.0:
         return text + " (a zero margin is only ever resolved when the true ratio differs from 1)"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from pytest_specdecode.launches import LaunchPrior
 from pytest_specdecode.metrics import METRICS
-from pytest_specdecode.stats import Comparison, Verdict, compare, mde_text
+from pytest_specdecode.stats import Comparison, Verdict, compare, confidence_text, mde_text
 
 
 class Outcome(str, enum.Enum):
@@ -27,6 +27,9 @@ class Outcome(str, enum.Enum):
     MISMATCH = "mismatch"
     RECORDED = "recorded"  # --update-baselines
     MEASURED = "measured"  # no thresholds: measured and reported only
+    # Not a verdict: the test errored or crashed (a server that did not start or died, an
+    # exception in its body) before one could be reached; the result's ``error`` says why.
+    ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,9 @@ class Check:
     def verdict(self) -> Verdict | None:
         return self.comparison.verdict if self.comparison else None
 
-    def describe(self) -> str:
+    def describe(self, *, brief: bool = False) -> str:
+        """The check's paragraph; ``brief``: its verdict, ratio and bounds without the
+        warnings (an undecided check beside a FAIL, which it does not change)."""
         info = METRICS[self.threshold.metric]
         head = f"{info.label} vs {self.ref.label}"
         if self.comparison is None:
@@ -76,6 +81,15 @@ class Check:
         scale, unit = info.display_scale, info.unit
         required = 1.0 + self.threshold.margin
         direction = "at least" if self.threshold.margin >= 0 else "no worse than"
+        bounds = (
+            f"one-sided {confidence_text(1 - c.alpha)} bounds [{c.ci_low:.3f}, {c.ci_high:.3f}]"
+        )
+        if brief:
+            return (
+                f"{head}: {c.verdict.value.upper()} as well (ratio {c.ratio:.3f}, {bounds}, "
+                f"{direction} {required:.3f} required, n={c.current.n}); it does not change the "
+                "FAIL above."
+            )
         launches = ""
         if c.launch_cv is not None:
             nights = f" and {c.history_nights} nights of history" if c.history_nights else ""
@@ -87,32 +101,28 @@ class Check:
             f"{head}: {c.verdict.value.upper()}. Baseline {c.baseline.mean * scale:.4g} {unit} "
             f"(n={c.baseline.n}, CV {c.baseline.cv_text()}), current {c.current.mean * scale:.4g} "
             f"{unit} (n={c.current.n}, CV {c.current.cv_text()}); ratio {c.ratio:.3f} with "
-            f"one-sided {percent(1 - c.alpha)} bounds [{c.ci_low:.3f}, {c.ci_high:.3f}]{launches}; "
-            f"margin {self.threshold.margin:+.1%} ({direction} {required:.3f} required)"
+            f"{bounds}{launches}; margin {self.threshold.margin:+.1%} ({direction} "
+            f"{required:.3f} required)"
         )
         if not info.higher_is_better:
             text += "; lower is better, so the ratio is baseline/current"
+        level = f"{c.alpha:.3g}"
         if c.verdict is Verdict.FAIL:
-            text += f"; p(fail)={c.p_fail:.3g} (the chance of a result this low at the margin)"
+            text += (
+                f"; p(fail)={c.p_fail:.3g} (the chance that a build exactly at the margin "
+                f"measures this low; FAIL needs at most {level})"
+            )
         else:
-            text += f"; p(pass)={c.p_pass:.3g} (the chance of a result this high at the margin)"
+            text += (
+                f"; p(pass)={c.p_pass:.3g} (the chance that a build exactly at the margin "
+                f"measures this high; PASS needs at most {level})"
+            )
         if c.mde is not None:
             text += f", MDE {mde_text(c.mde)}"
         text += f" [{c.method}]."
         if c.warnings:
             text += " " + " ".join(c.warnings)
         return text
-
-
-def percent(fraction: float) -> str:
-    """A confidence level as people read it: 85%, 99.4%, 99.99%; never "100%" from rounding."""
-    value = fraction * 100
-    significant = 3
-    text = f"{value:.{significant}g}"
-    while float(text) >= 100 and value < 100 and significant < 12:
-        significant += 1
-        text = f"{value:.{significant}g}"
-    return text + "%"
 
 
 def evaluate(
@@ -192,8 +202,18 @@ def needs_more_runs(checks: Sequence[Check]) -> bool:
 
 
 def message(checks: Sequence[Check], outcome: Outcome) -> str:
-    """The failure/skip/xfail text: one paragraph per check that is not a clean PASS."""
+    """The failure/skip/xfail text: one paragraph per check that is not a clean PASS.
+
+    A FAIL leads with what failed; a check left undecided beside it gets one line after them,
+    without the "cannot be decided at n=..." advice, which is about adding runs and would read
+    as if the FAIL itself were in doubt."""
     relevant = [c for c in checks if c.verdict is not Verdict.PASS]
     if not relevant:
         relevant = list(checks)
+    if outcome is Outcome.FAIL:
+        failed = [c for c in relevant if c.verdict is not Verdict.INCONCLUSIVE]
+        undecided = [c for c in relevant if c.verdict is Verdict.INCONCLUSIVE]
+        return "\n\n".join(
+            [c.describe() for c in failed] + [c.describe(brief=True) for c in undecided]
+        )
     return "\n\n".join(c.describe() for c in relevant)

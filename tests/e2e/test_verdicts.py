@@ -168,7 +168,7 @@ def test_heavy_noise_is_inconclusive_after_more_runs(quiet_project: Project) -> 
         r"margin -10\.0% .*MDE \d+\.\d%",
         out,
     ), out
-    assert "cannot support its claim at n=6" in out
+    assert "this check cannot be decided either way at n=6" in out
 
 
 # alpha=0.001 makes PASS and FAIL need overwhelming evidence, so with heavy noise and three

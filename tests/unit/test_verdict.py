@@ -1,0 +1,120 @@
+"""The verdict texts a user reads: what failed comes first and is not undercut, confidence levels
+never round to 100%, and every p-value says what it is (#13, item 6)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pytest_specdecode.stats import compare, confidence_text
+from pytest_specdecode.verdict import (
+    BaselineRef,
+    Outcome,
+    Threshold,
+    evaluate,
+    message,
+    outcome_of,
+)
+
+# Deterministic per-run values: a baseline of 20 runs at about 2% CV, and current runs around it.
+BASE_TOK_S = [100 * (1 + 0.03 * ((i * 7) % 11 - 5) / 5) for i in range(20)]
+BASE_ACCEPT = [2.0 * (1 + 0.06 * ((i * 7) % 11 - 5) / 5) for i in range(20)]
+SLOW_TOK_S = [85 * (1 + 0.01 * ((i * 3) % 5 - 2) / 2) for i in range(5)]  # 15% slower
+NOISY_ACCEPT = [1.98 * (1 + 0.06 * ((i * 3) % 5 - 2) / 2) for i in range(5)]  # within the noise
+
+P_VALUE = re.compile(r"p\((pass|fail)\)=[0-9.e+-]+")
+
+
+def _fail_beside_an_undecided_check() -> tuple[str, Outcome]:
+    ref = BaselineRef("its own baseline", {"tok_s": BASE_TOK_S, "accept_length": BASE_ACCEPT})
+    checks = evaluate(
+        [Threshold("tok_s", -0.03), Threshold("accept_length", -0.01)],
+        {"tok_s": SLOW_TOK_S, "accept_length": NOISY_ACCEPT},
+        {None: ref},
+        alpha=0.15,
+        method="welch-log",
+    )
+    # The accept-length check alone would say that n=5 cannot decide it.
+    assert checks[1].comparison is not None
+    assert any("cannot be decided" in w for w in checks[1].comparison.warnings)
+    outcome = outcome_of(checks)
+    return message(checks, outcome), outcome
+
+
+def test_a_decisive_fail_leads_and_is_not_undercut_by_an_undecided_check() -> None:
+    text, outcome = _fail_beside_an_undecided_check()
+    assert outcome is Outcome.FAIL
+    first, second = text.split("\n\n")
+    assert first.startswith("output tok/s vs its own baseline: FAIL.")
+    assert second.startswith("accept length vs its own baseline: INCONCLUSIVE as well")
+    assert text.endswith("it does not change the FAIL above.")
+    for undercut in ("cannot support its claim", "cannot be decided", "this test cannot"):
+        assert undercut not in text, text
+
+
+def test_an_inconclusive_check_still_says_what_n_cannot_decide() -> None:
+    ref = BaselineRef("its own baseline", {"accept_length": BASE_ACCEPT})
+    checks = evaluate(
+        [Threshold("accept_length", -0.01)],
+        {"accept_length": NOISY_ACCEPT},
+        {None: ref},
+        alpha=0.15,
+        method="welch-log",
+    )
+    text = message(checks, outcome_of(checks))
+    assert "INCONCLUSIVE" in text
+    assert "this check cannot be decided either way at n=5" in text
+
+
+@pytest.mark.parametrize(
+    ("fraction", "text"),
+    [
+        (0.85, "85%"),
+        (0.994, "99.4%"),
+        (1 - 0.0004, "99.96%"),
+        (1 - 0.000123, "99.99%"),
+        (1 - 1e-15, ">99.9999999999%"),
+    ],
+)
+def test_confidence_levels_never_round_to_100(fraction: float, text: str) -> None:
+    assert confidence_text(fraction) == text
+
+
+def test_a_small_per_look_alpha_is_not_printed_as_100_percent_bounds() -> None:
+    current = [95 * (1 + 0.03 * k) for k in (-1, 0, 1)]
+    strict = compare(current, BASE_TOK_S, margin=-0.02, alpha=0.0004)
+    assert "two one-sided 99.96% bounds" in strict.describe()
+    # The no-change guard's level (spent across the looks, so small) is printed the same way.
+    guarded = compare(current, BASE_TOK_S, margin=-0.02, alpha=0.15, alpha_no_change=0.0004)
+    (guard,) = [w for w in guarded.warnings if "no change" in w]
+    assert "at 85% but not distinguishable from no change at 99.96%" in guard
+    for text in (strict.describe(), guard):
+        assert not re.search(r"\b100(\.0)?%", text), text
+
+
+def test_every_p_value_is_labelled_with_what_it_is() -> None:
+    text, _ = _fail_beside_an_undecided_check()
+    ref = BaselineRef("its own baseline", {"accept_length": BASE_ACCEPT})
+    inconclusive = evaluate(
+        [Threshold("accept_length", -0.01)],
+        {"accept_length": NOISY_ACCEPT},
+        {None: ref},
+        alpha=0.15,
+        method="welch-log",
+    )
+    comparison = compare(SLOW_TOK_S, BASE_TOK_S, margin=-0.03)
+    texts = [text, message(inconclusive, outcome_of(inconclusive)), comparison.describe()]
+    found = 0
+    for paragraph in texts:
+        for match in P_VALUE.finditer(paragraph):
+            found += 1
+            after = paragraph[match.end() : match.end() + 120]
+            labelled = after.startswith(
+                (" (the chance that a build exactly", " (the chances that a build exactly")
+            ) or (after.startswith(" and p(fail)=") and "(the chances that a build" in after)
+            assert labelled, paragraph
+        # What the verdict needs of it is said beside it.
+        if "p(" in paragraph:
+            assert "needs" in paragraph
+    assert found >= 4
