@@ -100,7 +100,7 @@ class SpecdecodeSession:
         self._target_reason = ""
         self._gpus: GpuInfo | None = None
         self._gpus_detected = False
-        self.store = BaselineStore(settings.baselines)
+        self.store = BaselineStore(settings.baselines, lock_dir=settings.state_dir / "locks")
         self.pool = ServerPool(
             state_dir=settings.state_dir,
             log_dir=log_dir,

@@ -101,9 +101,10 @@ def _text(text: str) -> str:
     return text.strip()
 
 
-def _default_state_dir() -> str:
+def default_state_dir() -> Path:
+    """The machine-wide state directory (per user): ``$XDG_CACHE_HOME`` or ``~/.cache``."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(cache) / "pytest-specdecode")
+    return Path(cache) / "pytest-specdecode"
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -402,7 +403,7 @@ def resolve(
             f"max_runs ({values['max_runs']}) is smaller than runs ({values['runs']}): "
             "set --specdecode-max-runs to at least --specdecode-runs"
         )
-    state_dir = values["state_dir"] or _default_state_dir()
+    state_dir = values["state_dir"] or str(default_state_dir())
     config = values["config"]
     baselines = values["baselines"]
     if not Path(config).is_absolute():

@@ -8,9 +8,12 @@ Layout (see :meth:`BaselineStore.path_for`)::
     baselines/<hardware key>/<test file without .py>/<test name and params>.json
 
 Writes are atomic (temporary file in the same directory, then ``os.replace``) and serialised per
-file by a ``filelock.FileLock`` next to it. A file that cannot be read is never overwritten: an
-update moves it aside to ``<name>.json.corrupt-<UTC time>`` and says so. ``--update-baselines``
-refuses a baseline noisier than ``--specdecode-max-baseline-cv`` unless forced.
+file by a ``filelock.FileLock`` in the lock directory (``<state dir>/locks``), named by a hash of
+the baseline's resolved path: the baselines tree, which people review and commit, holds baselines
+only, and every writer of one file on this machine still takes the same lock. A file that cannot
+be read is never overwritten: an update moves it aside to ``<name>.json.corrupt-<UTC time>`` and
+says so. ``--update-baselines`` refuses a baseline noisier than ``--specdecode-max-baseline-cv``
+unless forced.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pytest_specdecode.baselines.record import (
 )
 from pytest_specdecode.errors import BaselineError
 from pytest_specdecode.files import atomic_write_text, move_aside, remove_stale_temp_files
+from pytest_specdecode.settings import default_state_dir
 from pytest_specdecode.stats import describe
 
 METRIC_UNITS: Mapping[str, str] = {
@@ -177,9 +181,19 @@ def _noise(summary: Mapping[str, float | None]) -> str:
 class BaselineStore:
     """Baseline files under one root directory (normally ``baselines/`` of the repository)."""
 
-    def __init__(self, root: Path, *, lock_timeout: float = 60.0) -> None:
+    def __init__(
+        self, root: Path, *, lock_dir: Path | None = None, lock_timeout: float = 60.0
+    ) -> None:
         self.root = Path(root)
+        self.lock_dir = Path(lock_dir) if lock_dir is not None else default_state_dir() / "locks"
         self.lock_timeout = lock_timeout
+
+    def lock_path(self, path: Path) -> Path:
+        """The lock of baseline file ``path``: outside the baselines tree (so ``git status``
+        never shows lock files), keyed by the resolved path, so two processes that reach the
+        same file by different relative paths or symlinks exclude each other."""
+        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]
+        return self.lock_dir / f"baseline-{digest}.lock"
 
     def path_for(self, hardware_key: str, test_id: str) -> Path:
         """``<root>/<hardware key>/<test file without .py>/<test name incl. params>.json``.
@@ -252,7 +266,8 @@ class BaselineStore:
 
         Refuses (nothing written) when a metric of ``metrics_for_cv`` that the record holds has
         a CV above ``max_cv`` or only one sample, unless ``force``. The write is atomic and
-        holds ``<file>.lock``; an existing file that cannot be read is moved aside first.
+        holds the file's lock (:meth:`lock_path`); an existing file that cannot be read is moved
+        aside first.
         Under xdist only the controller may call this (the caller ensures that).
         """
         path = self.path_for(record.hardware_key, record.test_id)
@@ -260,7 +275,15 @@ class BaselineStore:
             _refuse_noisy(record, path, max_cv, metrics_for_cv)
         text = record.to_text()
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock_path = Path(f"{path}.lock")
+        lock_path = self.lock_path(path)
+        try:
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BaselineError(
+                f"cannot create the lock directory {lock_path.parent} for {path}: {exc}. Make "
+                "it writable or choose another with --specdecode-state-dir.",
+                path=str(path),
+            ) from exc
         try:
             with filelock.FileLock(lock_path, timeout=self.lock_timeout):
                 remove_stale_temp_files(path)
@@ -268,9 +291,9 @@ class BaselineStore:
                 atomic_write_text(path, text)
         except filelock.Timeout as exc:
             raise BaselineError(
-                f"could not lock {lock_path} within {self.lock_timeout:g} s: another process "
-                "is writing this baseline. Let it finish (under xdist only the controller "
-                "writes baselines) and run again.",
+                f"could not lock {lock_path} (the lock of {path}) within "
+                f"{self.lock_timeout:g} s: another process is writing this baseline. Let it "
+                "finish (under xdist only the controller writes baselines) and run again.",
                 path=str(path),
             ) from exc
         return BaselineUpdate(path, old, record, moved_aside, reason)

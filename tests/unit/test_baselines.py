@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,6 +41,15 @@ HARD = {
     "env": {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"},
 }
 SOFT = {"sglang_version": "0.5.3", "driver": "575.57.08"}
+
+
+@pytest.fixture(autouse=True)
+def _own_state_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Baseline locks go to the state directory: this module's, not the user's cache (spawned
+    writers inherit the variable)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
 
 
 def make_record(
@@ -299,7 +309,7 @@ def test_successful_write_leaves_no_temp_files(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path)
     path = store.write(make_record()).path
     store.write(make_record(samples={"tok_s": (1.0, 1.1)}))
-    leftovers = {p.name for p in path.parent.iterdir()} - {path.name, f"{path.name}.lock"}
+    leftovers = {p.name for p in path.parent.iterdir()} - {path.name}
     assert leftovers == set()
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
 
@@ -394,6 +404,60 @@ def test_concurrent_writers_never_leave_a_torn_file(tmp_path: Path) -> None:
     assert final.samples["tok_s"] in written
     path = store.path_for(HW, TEST_ID)
     assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_locks_live_outside_the_baselines_tree(tmp_path: Path) -> None:
+    root, locks = tmp_path / "baselines", tmp_path / "state" / "locks"
+    store = BaselineStore(root, lock_dir=locks)
+    path = store.write(make_record()).path
+    assert [p for p in root.rglob("*") if p.is_file()] == [path]  # no *.json.lock beside it
+    assert store.lock_path(path).parent == locks
+    assert store.lock_path(path).exists()
+
+
+def test_the_default_lock_directory_is_the_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    store = BaselineStore(tmp_path / "baselines")
+    assert store.lock_dir == tmp_path / "cache" / "pytest-specdecode" / "locks"
+
+
+def test_writers_reaching_one_file_by_different_paths_exclude_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    locks = tmp_path / "locks"
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "repo")
+    monkeypatch.chdir(tmp_path)
+    absolute = BaselineStore(tmp_path / "repo" / "baselines", lock_dir=locks, lock_timeout=0.2)
+    relative = BaselineStore(Path("link/baselines"), lock_dir=locks, lock_timeout=0.2)
+    path = absolute.path_for(HW, TEST_ID)
+    assert relative.lock_path(relative.path_for(HW, TEST_ID)) == absolute.lock_path(path)
+    # Another process holds the lock (a thread lock of filelock would be re-entrant here).
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import filelock, sys, time\n"
+            f"with filelock.FileLock({str(absolute.lock_path(path))!r}):\n"
+            "    print('held', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(BaselineError, match="another process is writing this baseline"):
+            relative.write(make_record())
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    relative.write(make_record())  # released: the write goes through
+    assert absolute.load(HW, TEST_ID) == make_record()
 
 
 @pytest.mark.parametrize(
