@@ -25,6 +25,7 @@ from typing import TypeVar
 
 import httpx
 
+from pytest_specdecode import net
 from pytest_specdecode.adapters import (
     ParsedUpdate,
     ProtocolAdapter,
@@ -199,6 +200,7 @@ class MeasurementClient:
             # Our semaphore bounds the requests in flight; the pool must never queue them.
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
             transport=transport,
+            trust_env=net.trust_env(url),  # local: direct; remote: the user's proxy settings
         )
 
     # -- lifecycle --

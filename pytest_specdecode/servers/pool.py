@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import httpx
 from filelock import FileLock
 
+from pytest_specdecode import net
 from pytest_specdecode.backends import backend_for
 from pytest_specdecode.errors import ConfigError, ServerError, ServerStartError, SpecdecodeError
 from pytest_specdecode.servers.factory import identity_alive, make_launcher, stop_identity
@@ -667,7 +668,7 @@ def _api_key(profile: ServerProfile, env: Mapping[str, str]) -> str | None:
 def _healthy(url: str, api_key: str | None, timeout: float = 10.0) -> bool:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with httpx.Client(timeout=timeout, headers=headers, trust_env=False) as http:
+        with httpx.Client(timeout=timeout, headers=headers, trust_env=net.trust_env(url)) as http:
             response = http.get(f"{url}/health_generate")
             if response.status_code == 404:
                 response = http.get(f"{url}/health")

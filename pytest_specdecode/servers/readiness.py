@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from pytest_specdecode import net
 from pytest_specdecode.errors import ServerStartError, ServerTimeoutError
 
 LOG_TAIL_LINES = 50
@@ -122,7 +123,7 @@ def wait_until_ready(
         headers=headers,
         timeout=httpx.Timeout(probe_timeout, connect=min(probe_timeout, 2.0)),
         transport=transport,
-        trust_env=False,  # a proxy must never sit between us and localhost (§7.4)
+        trust_env=net.trust_env(base_url),  # the client's rule: local direct, remote proxied
     ) as http:
         while True:
             elapsed = time.monotonic() - start
