@@ -33,7 +33,7 @@ from pytest_specdecode.result import SpecdecodeResult
 from pytest_specdecode.servers.pool import ServerCounts, ServerHandle, finish_run
 from pytest_specdecode.servers.readiness import Progress
 from pytest_specdecode.session import SpecdecodeSession, SpecdecodeTest
-from pytest_specdecode.settings import OPTIONS, Settings, resolve
+from pytest_specdecode.settings import OPTIONS, Settings, project_test_id, resolve
 from pytest_specdecode.verdict import Outcome
 
 SESSION_KEY = pytest.StashKey[SpecdecodeSession]()
@@ -86,6 +86,8 @@ def _settings(config: pytest.Config) -> Settings:
             invocation_dir=config.invocation_params.dir,
             ini_dir=ini_dir,
             ini_file=str(config.inipath or "the ini file"),
+            # Without an ini file the rootdir is wherever the run starts: find the project.
+            search_from=None if config.inipath else config.rootpath,
         )
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -230,8 +232,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     except SpecdecodeError as exc:
         raise pytest.UsageError(str(exc)) from None
     lines = [
-        f"specdecode: profiles {settings.config}, target {target} ({session.target_reason}), "
-        f"baselines {settings.baselines}"
+        f"specdecode: profiles {settings.config} ({settings.config_source}), target {target} "
+        f"({session.target_reason}), baselines {settings.baselines}"
     ]
     if settings.server_host:
         lines.append(f"specdecode: measuring the server at {settings.server_host} (attached)")
@@ -277,7 +279,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         except SpecdecodeError as exc:
             raise pytest.UsageError(str(exc)) from None
         item.stash[SPEC_KEY] = replace(spec, server=server)
-        item.stash[NODEID_KEY] = item.nodeid
+        item.stash[NODEID_KEY] = project_test_id(
+            item.nodeid, item.path, config.rootpath, session.settings.project_root
+        )
         item.add_marker(profile.algorithm_marker)
         if xdist:
             item.add_marker(pytest.mark.xdist_group(f"specdecode-{profile.name}"))

@@ -77,6 +77,12 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _seconds_or_auto(text: str) -> float | None:
+    if text.strip().lower() == "auto":
+        return None
+    return _positive_float(text)
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
@@ -120,7 +126,8 @@ OPTIONS: tuple[Option, ...] = (
         "target",
         "--specdecode-target",
         "Which profiles to run: 'real', 'sim' or another [targets.NAME] overlay of the profile "
-        "file; 'auto' = real when GPUs are found or --server-host is given, else sim",
+        "file; 'auto' = real when GPUs are found, else sim; with --server-host, sim when the "
+        'server reports "simulated": true in its /server_info, else real',
         "auto",
         _text,
         "NAME",
@@ -325,6 +332,17 @@ OPTIONS: tuple[Option, ...] = (
         _positive_float,
         "SECONDS",
     ),
+    Option(
+        "stall_timeout",
+        "--specdecode-stall-timeout",
+        "Seconds without a token (or, after the server logged it is ready, without a health "
+        "answer) after which a server counts as hung: its test fails and later tests of its "
+        "profile fail at once. auto (the default): 10x the longest silence seen on that server "
+        "so far, at least 30 s (120 s before anything was seen); 60 s for the health answer",
+        None,
+        _seconds_or_auto,
+        "SECONDS|auto",
+    ),
 )
 
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
@@ -358,6 +376,46 @@ class Settings:
     history: Path | None
     markdown: Path | None
     request_timeout: float
+    stall_timeout: float | None
+    """Seconds of silence that make a server hung; ``None``: derived (client.StallBound)."""
+    project_root: Path = Path(".")
+    """Where the defaults (the profile file, ``baselines/``) and the baseline test ids are
+    anchored: the ini file's directory, or without one the directory above the rootdir that
+    holds the default profile file (:func:`find_project_root`)."""
+    config_source: str = "the default"
+    """Where :attr:`config` came from, for the header: the flag, the variable, the ini key, or
+    the default and how it was found."""
+
+
+DEFAULT_CONFIG = Path("perf_tests/specdecode.toml")
+
+
+def find_project_root(start: Path) -> Path | None:
+    """The nearest directory at or above ``start`` that holds ``perf_tests/specdecode.toml``,
+    not climbing past a repository root (a directory with ``.git``): without an ini file
+    pytest's rootdir is wherever the run starts (``perf_tests/`` itself for ``cd perf_tests;
+    pytest``), and the default paths must not move with it."""
+    for directory in (start, *start.parents):
+        if (directory / DEFAULT_CONFIG).is_file():
+            return directory
+        if (directory / ".git").exists():
+            return None
+    return None
+
+
+def project_test_id(nodeid: str, path: Path, rootdir: Path, project_root: Path) -> str:
+    """The test id baselines are stored under: pytest's node id, with its file part relative to
+    the project root rather than the rootdir, so that a test keeps its baseline whichever
+    directory pytest runs from (``test_seed.py::t`` from inside ``perf_tests/`` is
+    ``perf_tests/test_seed.py::t``)."""
+    if project_root.resolve() == rootdir.resolve():
+        return nodeid
+    _, sep, rest = nodeid.partition("::")
+    try:
+        relative = path.resolve().relative_to(project_root.resolve())
+    except ValueError:
+        return nodeid  # a test outside the project keeps pytest's id
+    return relative.as_posix() + sep + rest
 
 
 def resolve(
@@ -368,13 +426,23 @@ def resolve(
     invocation_dir: Path,
     ini_dir: Path,
     ini_file: str = "the ini file",
+    search_from: Path | None = None,
 ) -> Settings:
     """Resolve every option: ``cli`` (None = not given) > ``env`` > ``ini`` > default.
 
     Relative paths are taken from where they were written: the ini file's directory for ini
-    values, the invocation directory for flags and environment variables.
+    values, the invocation directory for flags and environment variables. Defaults are taken
+    from ``ini_dir``; ``search_from`` (the rootdir, given when there is no ini file) makes them
+    relative to the project root found above it instead (:func:`find_project_root`).
     """
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    project_root = ini_dir
+    found_above = False
+    if search_from is not None:
+        found = find_project_root(search_from)
+        if found is not None:
+            project_root, found_above = found, found != search_from
     for option in OPTIONS:
         raw: Any = None
         where = ""
@@ -386,6 +454,7 @@ def resolve(
         elif option.ini and ini.get(option.name):
             raw, where = ini[option.name], f"ini key {option.ini_key} in {ini_file}"
             base = ini_dir
+        sources[option.name] = where
         if raw is None:
             values[option.name] = option.default
             continue
@@ -407,15 +476,22 @@ def resolve(
     config = values["config"]
     baselines = values["baselines"]
     if not Path(config).is_absolute():
-        config = str(ini_dir / config)
+        config = str(project_root / config)
     if not Path(baselines).is_absolute():
-        baselines = str(ini_dir / baselines)
+        baselines = str(project_root / baselines)
+    config_source = sources["config"]
+    if not config_source:
+        config_source = (
+            f"the default, found above the rootdir {search_from}" if found_above else "the default"
+        )
     return Settings(
         **{
             **values,
             "config": Path(config),
             "baselines": Path(baselines),
             "state_dir": Path(state_dir),
+            "project_root": project_root,
+            "config_source": config_source,
             **{
                 name: Path(values[name]) if values[name] else None
                 for name in ("report", "history", "markdown")

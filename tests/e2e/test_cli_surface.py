@@ -22,7 +22,9 @@ def test_header_names_profiles_target_and_baselines(project):
     project.tests("def test_plain():\n    pass\n")
     result = project.run()
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["specdecode: profiles *specdecode.toml, target real*baselines*"])
+    result.stdout.fnmatch_lines(
+        ["specdecode: profiles *specdecode.toml (ini key specdecode_config in *), target real*"]
+    )
 
 
 def test_a_run_without_specdecode_tests_touches_nothing(pytester, monkeypatch, tmp_path):
