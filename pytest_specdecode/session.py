@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
+
 from pytest_specdecode.backends import Backend, backend_for
 from pytest_specdecode.baselines.record import BaselineRecord
 from pytest_specdecode.baselines.refs import OWN, BaselineLookup
@@ -42,6 +44,7 @@ from pytest_specdecode.errors import (
 from pytest_specdecode.launches import LaunchPrior, prior_for
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.metrics import compute_run_metrics
+from pytest_specdecode.net import trust_env
 from pytest_specdecode.profiles.loader import load_profiles
 from pytest_specdecode.profiles.profile import ProfileFile, ServerProfile
 from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpus, hardware_key
@@ -148,7 +151,7 @@ class SpecdecodeSession:
             if target == "auto":
                 probe = load_profiles(path, target="real")
                 if self.settings.server_host:
-                    target, self._target_reason = "real", "a --server-host is given"
+                    target, self._target_reason = self._attached_target(probe)
                 elif self.gpus is not None:
                     target, self._target_reason = "real", f"{len(self.gpus.names)} GPU(s) found"
                 elif "sim" in probe.targets:
@@ -162,6 +165,27 @@ class SpecdecodeSession:
             self._target = target
             self.warnings.extend(self._profiles.warnings)
         return self._profiles
+
+    def _attached_target(self, probe: ProfileFile) -> tuple[str, str]:
+        """With --server-host and target auto: the attached server says whether it is the
+        simulator (``"simulated": true`` in its /server_info; real SGLang has no such field),
+        so its tests compare with the simulated baselines instead of all failing on the
+        fingerprint's launcher class."""
+        url = attach_url(self.settings.server_host or "", SGLANG_DEFAULT_PORT)
+        simulated, problem = _reports_simulated(url)
+        if simulated:
+            if "sim" in probe.targets:
+                return "sim", f'the server at {url} reports "simulated": true'
+            return "real", (
+                f'the server at {url} reports "simulated": true, but '
+                f"{self.settings.config} has no [targets.sim]: its real profiles are compared"
+            )
+        if problem is None:
+            return "real", f"the server at {url} is not simulated"
+        return "real", (
+            f"a --server-host is given and its /server_info could not be read ({problem}); "
+            "add --specdecode-target sim if it is the simulated server"
+        )
 
     def profile(self, name: str, *, where: str) -> ServerProfile:
         profiles = self.profiles().profiles
@@ -644,6 +668,25 @@ def _whole_launches(result: SpecdecodeResult) -> bool:
     """Every metric has one value per run of the launches (else the record is one launch)."""
     total = sum(result.launch_runs)
     return all(len(values) == total for values in result.samples.values())
+
+
+def _reports_simulated(url: str, timeout: float = 5.0) -> tuple[bool, str | None]:
+    """Whether the server at ``url`` says it is simulated, or why that could not be read."""
+    problem = "no /server_info or /get_server_info"
+    try:
+        with httpx.Client(timeout=timeout, trust_env=trust_env(url)) as client:
+            for route in ("/server_info", "/get_server_info"):
+                response = client.get(url + route)
+                if response.status_code == 404:
+                    continue
+                if response.status_code != 200:
+                    problem = f"GET {route} answered HTTP {response.status_code}"
+                    break
+                info = response.json()
+                return isinstance(info, dict) and info.get("simulated") is True, None
+    except (httpx.HTTPError, ValueError) as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    return False, problem
 
 
 def attach_url(spec: str, default_port: int) -> str:

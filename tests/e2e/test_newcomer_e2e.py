@@ -1,0 +1,161 @@
+"""What a newcomer meets (#13): a run without an ini file from inside ``perf_tests/``, attaching
+to a simulated server without naming the target, and ``against=`` a profile whose baseline no
+test of the session records. Each is a real pytest subprocess against simulated servers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_specdecode.servers.launcher import find_free_port
+from pytest_specdecode.servers.readiness import wait_until_ready
+from tests.e2e.conftest import QUIET_PROFILES, Project, sim_pids_with_env
+
+RUNS = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
+RECORD = ("--update-baselines", "--specdecode-baseline-runs", "3", "--specdecode-force-baseline")
+
+SUITE = """
+import pytest
+
+@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.5)
+def test_nospec():
+    pass
+"""
+
+
+@pytest.fixture
+def bare(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Iterator[Project]:
+    """A project without an ini file: ``perf_tests/specdecode.toml`` and a test beside it."""
+    state_dir = pytester.path / "state"
+    monkeypatch.setenv("PYTEST_SPECDECODE_STATE_DIR", str(state_dir))
+    (pytester.path / "perf_tests").mkdir()
+    (pytester.path / "perf_tests" / "specdecode.toml").write_text(textwrap.dedent(QUIET_PROFILES))
+    (pytester.path / "perf_tests" / "test_perf.py").write_text(textwrap.dedent(SUITE))
+    yield Project(pytester, state_dir)
+    for pid in sim_pids_with_env("PYTEST_SPECDECODE_STATE_DIR", str(state_dir)):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def header(result: pytest.RunResult) -> str:
+    (line,) = [line for line in result.outlines if line.startswith("specdecode: profiles ")]
+    return line
+
+
+def test_without_an_ini_file_the_paths_do_not_move_with_the_directory(
+    bare: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = bare.path
+    recorded = bare.run("perf_tests", *RECORD)
+    recorded.assert_outcomes(passed=1)
+    assert f"specdecode: profiles {root}/perf_tests/specdecode.toml (the default)" in header(
+        recorded
+    )
+    baseline = root / "baselines" / "simulated" / "perf_tests" / "test_perf" / "test_nospec.json"
+    assert baseline.is_file(), sorted(root.rglob("*.json"))
+
+    # From inside perf_tests/ pytest's rootdir is perf_tests/ itself: the same profile file,
+    # the same baselines and the same test id (so the baseline above is found).
+    monkeypatch.chdir(root / "perf_tests")
+    checked = bare.run(*RUNS)
+    checked.assert_outcomes(passed=1)
+    line = header(checked)
+    assert f"profiles {root}/perf_tests/specdecode.toml (the default, found above the rootdir" in (
+        line
+    )
+    assert f"baselines {root}/baselines" in line
+    assert not (root / "perf_tests" / "baselines").exists()
+    assert "PASS" in checked.stdout.str()
+
+
+# -- attaching to a simulated server without --specdecode-target -----------------------------
+
+ATTACH_PROFILES = """
+[defaults]
+launcher = "sglang"
+tp_size = 8
+model_path = "/models/tiny-llm"
+warmup_requests = 1
+startup_timeout = 30
+
+[profiles.eagle3]
+extra_args = ["--disable-custom-all-reduce"]
+speculative.algorithm = "EAGLE3"
+speculative.draft_model_path = "/models/tiny-eagle3"
+speculative.num_steps = 2
+speculative.eagle_topk = 1
+speculative.num_draft_tokens = 3
+
+[targets.sim]
+launcher = "sim"
+gpus = []
+extra_args = ["--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1"]
+
+[workloads.fast]
+prompt_set = "mixed"
+max_new_tokens = 64
+concurrency = 1
+requests_per_run = 2
+warmup_requests = 1
+"""
+
+
+@pytest.fixture
+def attached_sim(tmp_path: Path) -> Iterator[str]:
+    """A simulated server run by hand, as the sim target of ATTACH_PROFILES would run it."""
+    port = find_free_port()
+    argv = [
+        sys.executable, "-m", "pytest_specdecode.sim",
+        "--model-path", "/models/tiny-llm", "--tp-size", "8",
+        "--speculative-algorithm", "EAGLE3",
+        "--speculative-draft-model-path", "/models/tiny-eagle3",
+        "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "3", "--disable-custom-all-reduce",
+        "--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    with open(tmp_path / "server.log", "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until_ready(
+            f"http://127.0.0.1:{port}", name="attached sim", timeout=30, exit_code=proc.poll
+        )
+        yield f"127.0.0.1:{port}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def test_attach_to_a_simulated_server_picks_the_sim_target(
+    project: Project, attached_sim: str
+) -> None:
+    project.profiles(ATTACH_PROFILES)
+    project.tests(
+        """
+        import pytest
+
+        @pytest.mark.specdecode("eagle3", workload="fast", tok_s=-0.5)
+        def test_attached(): pass
+        """
+    )
+    # The baseline is recorded on the simulated server through the sim target...
+    recorded = project.run("--server-host", attached_sim, "--specdecode-target", "sim", *RECORD)
+    recorded.assert_outcomes(passed=1)
+    # ...and checked without naming the target: the server says it is simulated.
+    checked = project.run("--server-host", attached_sim, *RUNS)
+    checked.assert_outcomes(passed=1)
+    line = header(checked)
+    assert f'target sim (the server at http://{attached_sim} reports "simulated": true)' in line
+    assert "mismatch" not in checked.stdout.str().lower()
