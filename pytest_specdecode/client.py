@@ -35,6 +35,7 @@ from pytest_specdecode.adapters import (
 )
 from pytest_specdecode.errors import ConfigError, RequestError
 from pytest_specdecode.records import RequestRecord, RunRecord
+from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.workloads import Prompt, Workload
 
 _T = TypeVar("_T")
@@ -180,11 +181,12 @@ class MeasurementClient:
         try:
             url = httpx.URL(base_url)
         except httpx.InvalidURL as exc:
-            raise ConfigError(f"server URL {base_url!r} is not a valid URL: {exc}") from exc
+            shown = redact_url(base_url)  # neither the URL nor httpx's message shows a password
+            raise ConfigError(f"server URL {shown!r} is not a valid URL: {exc}") from None
         if url.scheme not in ("http", "https") or not url.host:
             raise ConfigError(
-                f"server URL {base_url!r} is not an http:// or https:// URL with a host, e.g. "
-                f"http://127.0.0.1:30000"
+                f"server URL {redact_url(base_url)!r} is not an http:// or https:// URL with a "
+                "host, e.g. http://127.0.0.1:30000"
             )
         self._api_key = api_key
         self._model = model

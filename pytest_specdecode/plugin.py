@@ -29,6 +29,7 @@ from pytest_specdecode.outputs.history import read_history
 from pytest_specdecode.outputs.json_report import junit_properties, make_session_info
 from pytest_specdecode.outputs.write import write_outputs
 from pytest_specdecode.profiles.profile import ALGORITHM_MARKERS
+from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.result import SpecdecodeResult
 from pytest_specdecode.servers.pool import ServerCounts, ServerHandle, finish_run
 from pytest_specdecode.servers.readiness import Progress
@@ -236,7 +237,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"({session.target_reason}), baselines {settings.baselines}"
     ]
     if settings.server_host:
-        lines.append(f"specdecode: measuring the server at {settings.server_host} (attached)")
+        shown = redact_url(settings.server_host)  # a password in the URL stays off the screen
+        lines.append(f"specdecode: measuring the server at {shown} (attached)")
     if settings.update_baselines:
         lines.append("specdecode: --update-baselines: measured runs become the new baselines")
     lines.extend(f"specdecode: warning: {warning}" for warning in session.warnings)

@@ -1,6 +1,8 @@
 """Secrets never leave this process: one place that decides what looks secret and hides it.
 
-Used wherever configuration is written down or shown: baselines, reports, history, server logs.
+Used wherever configuration is written down or shown: baselines, reports, history, server logs,
+the terminal. Environment and key names are judged by :func:`is_secret_name`, command-line flags
+by :func:`is_secret_flag`, and URLs lose their user info (:func:`redact_url`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,60 @@ def is_secret_name(name: str) -> bool:
     return _SECRET_NAME.search(name) is not None
 
 
+# A flag is judged by its words, not by substrings: --speculative-token-map (a path),
+# --ssl-keyfile and --api-key-file (paths to a secret, not the secret) and --max-total-tokens
+# configure speed or name files, and hiding their values would make a configuration change
+# invisible; --admin-api-key, --hf-token and --ssl-keyfile-password carry the secret itself.
+_FLAG_WORD = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+_SECRET_WORDS = frozenset(
+    {
+        "secret",
+        "secrets",
+        "password",
+        "passwd",
+        "passphrase",
+        "credential",
+        "credentials",
+        "cookie",
+        "cookies",
+        "authorization",
+        "apikey",
+        "bearer",
+    }
+)
+_SECRET_LAST_WORDS = frozenset({"key", "keys", "token"})
+
+
+def is_secret_flag(flag: str) -> bool:
+    """Whether a command-line flag (``--admin-api-key``, ``--hf-token``, ``-apiKey``) takes a
+    credential as its value: one of its words (split at ``-``, ``_``, ``.`` and camelCase) is
+    *secret*, *password*, *passwd*, *passphrase*, *credential(s)*, *cookie(s)*,
+    *authorization*, *apikey* or *bearer*, or its last word is *key*, *keys* or *token*. A
+    ``--flag=value`` token is judged by its flag."""
+    name = flag.partition("=")[0].lstrip("-")
+    words = [word.lower() for word in _FLAG_WORD.findall(name)]
+    if not words:
+        return False
+    return words[-1] in _SECRET_LAST_WORDS or any(word in _SECRET_WORDS for word in words)
+
+
+# The user info of a URL: scheme://USER[:PASSWORD]@host, and the scheme-less USER:PASSWORD@host
+# that --server-host accepts (only with a colon there, so git@github.com:org/repo is left be).
+# Greedy up to the last "@" of the authority: an unescaped "@" in a password must not leak its
+# tail.
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+_BARE_USERINFO = re.compile(r"(?<![^\s=])[^\s/@:=]+:[^\s/]*@(?=[^\s@/])")
+
+
+def redact_url(text: str) -> str:
+    """``text`` with the user info of every URL in it replaced by ``<redacted>``:
+    ``http://me:pw@gpu-box:30000`` → ``http://<redacted>@gpu-box:30000``, and the scheme-less
+    ``me:pw@gpu-box:30000`` (alone, after whitespace or after ``=``) →
+    ``<redacted>@gpu-box:30000``."""
+    text = _URL_USERINFO.sub(lambda match: f"{match.group('scheme')}{REDACTED}@", text)
+    return _BARE_USERINFO.sub(f"{REDACTED}@", text)
+
+
 def redact(env: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``env`` whose secret-looking names have the value ``"<redacted>"``."""
     return {name: REDACTED if is_secret_name(name) else value for name, value in env.items()}
@@ -70,14 +126,18 @@ def speed_env(env: Mapping[str, str]) -> dict[str, str]:
     return dict(sorted(redact(chosen).items()))
 
 
-_ASSIGNMENT = re.compile(r"^(-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)=(.*)$", re.DOTALL)
 _FLAG_AND_VALUE = re.compile(r"^(--?[A-Za-z0-9][A-Za-z0-9_.-]*)(\s+)(\S.*)$", re.DOTALL)
+
+
+def _secret_name_or_flag(name: str) -> bool:
+    """A flag is judged by :func:`is_secret_flag`, any other name by :func:`is_secret_name`."""
+    return is_secret_flag(name) if name.startswith("-") else is_secret_name(name)
 
 
 def redact_json(value: Any) -> Any:
     """Redact secrets anywhere in JSON-shaped data: values under secret-looking keys,
-    ``NAME=secret`` and ``--secret-flag secret`` strings, and ``["--api-key", "secret"]``
-    pairs in lists (argv)."""
+    ``NAME=secret`` and ``--secret-flag secret`` strings, ``["--api-key", "secret"]``
+    pairs in lists (argv), and the user info of URLs in any string."""
     if isinstance(value, Mapping):
         return {
             str(key): REDACTED if is_secret_name(str(key)) else redact_json(item)
@@ -90,13 +150,14 @@ def redact_json(value: Any) -> Any:
             is_flag = isinstance(item, str) and item.startswith("-")
             out.append(REDACTED if hide_next and not is_flag else redact_json(item))
             bare_flag = is_flag and "=" not in item and len(str(item).split()) == 1
-            hide_next = bare_flag and is_secret_name(str(item))
+            hide_next = bare_flag and is_secret_flag(str(item))
         return out
     if isinstance(value, str):
         match = _ASSIGNMENT.match(value)
-        if match and is_secret_name(match.group(1)):
+        if match and _secret_name_or_flag(match.group(1)):
             return f"{match.group(1)}={REDACTED}"
         match = _FLAG_AND_VALUE.match(value)
-        if match and is_secret_name(match.group(1)):
+        if match and is_secret_flag(match.group(1)):
             return f"{match.group(1)}{match.group(2)}{REDACTED}"
+        return redact_url(value)
     return value

@@ -50,6 +50,7 @@ from pytest_specdecode.profiles.profile import ProfileFile, ServerProfile
 from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpus, hardware_key
 from pytest_specdecode.result import SpecdecodeResult, check_json
 from pytest_specdecode.sequential import SequentialPlan
+from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.servers.pool import ServerCounts, ServerHandle, ServerPool
 from pytest_specdecode.servers.readiness import Progress, wait_until_ready
 from pytest_specdecode.settings import Settings
@@ -696,11 +697,13 @@ def attach_url(spec: str, default_port: int) -> str:
         text = "http://" + text
     parts = urlsplit(text)
     if not parts.hostname:
-        raise ConfigError(f"--server-host {spec!r} has no host name; use HOST[:PORT] or a URL")
+        raise ConfigError(
+            f"--server-host {redact_url(spec)!r} has no host name; use HOST[:PORT] or a URL"
+        )
     try:
         port = parts.port or default_port
     except ValueError:
-        raise ConfigError(f"--server-host {spec!r} has an invalid port") from None
+        raise ConfigError(f"--server-host {redact_url(spec)!r} has an invalid port") from None
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{parts.scheme}://{host}:{port}"
 

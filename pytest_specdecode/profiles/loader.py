@@ -46,6 +46,7 @@ from pytest_specdecode.profiles.profile import (
     ProfileFile,
     ServerProfile,
     Speculative,
+    check_secret_flags,
     flag_groups,
 )
 from pytest_specdecode.profiles.values import check_keys as _check_keys
@@ -642,7 +643,8 @@ def _volumes(value: object, key: str, where: str) -> FrozenMap:
 
 def _extra_args(value: object, key: str, where: str) -> tuple[str, ...]:
     args = _strings(value, key, where)
-    for flag, values in flag_groups(args):
+    groups = flag_groups(args)
+    for flag, values in groups:
         if not flag:
             _fail(where, key, list(args), f"must start with a flag; {values[0]!r} has none")
         field_name = _first_class_field(flag)
@@ -675,6 +677,8 @@ def _extra_args(value: object, key: str, where: str) -> tuple[str, ...]:
                     list(args),
                     f"{flag} needs one {kind.__name__} value, got {list(values)}",
                 )
+    # After the loop: --api-key has its own message (api_key_env), other credentials this one.
+    check_secret_flags(groups, key, where)
     return args
 
 

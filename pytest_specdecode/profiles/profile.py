@@ -31,8 +31,10 @@ name, and speculative settings SGLang would silently rewrite are all refused or 
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +44,7 @@ from types import MappingProxyType
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.fingerprint import Fingerprint
 from pytest_specdecode.profiles.llamacpp import DEFAULT_BINARY, LlamaCppOptions
+from pytest_specdecode.redaction import is_secret_flag
 
 SIMULATED_LAUNCHERS = frozenset({"sim"})
 ALGORITHM_MARKERS: tuple[str, ...] = ("eagle3", "eagle", "nextn", "ngram", "standalone", "nospec")
@@ -484,6 +487,90 @@ def flag_groups(args: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
         else:
             groups.append(("", [token]))
     return [(flag, tuple(values)) for flag, values in groups]
+
+
+# The only value a credential flag may have in a profile file: a reference to an environment
+# variable, resolved when the server is launched (expand_secret_references).
+_ENV_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+def check_secret_flags(groups: Sequence[tuple[str, tuple[str, ...]]], key: str, where: str) -> None:
+    """Credential flags (:func:`~pytest_specdecode.redaction.is_secret_flag`: ``--admin-api-key``,
+    ``--hf-token``, ...) in ``extra_args`` take only an environment reference, ``"${NAME}"``:
+    a literal secret in the profile file would be committed, recorded in every baseline's
+    fingerprint and written to the server log. The value is never echoed."""
+    for flag, values in groups:
+        if not flag or not is_secret_flag(flag):
+            continue
+        if len(values) == 1 and _ENV_REFERENCE.match(values[0]):
+            continue
+        name = re.sub(r"[^A-Za-z0-9]+", "_", flag.lstrip("-")).upper()
+        raise ConfigError(
+            f"{key} contains {flag!r}, a flag that takes a credential, with a value written "
+            "in the file (not shown here); a secret in a profile file is committed, recorded in "
+            f"every baseline and shown in the server log. Write it as an environment reference, "
+            f'["{flag}", "${{{name}}}"], and export {name} in the shell that runs pytest',
+            source=where,
+        )
+
+
+def expand_secret_references(
+    argv: Sequence[str], env: Mapping[str, str], *, profile: str, source: str | None
+) -> list[str]:
+    """``argv`` with the ``"${NAME}"`` value of each credential flag replaced by ``env[NAME]``
+    (at launch only: the profile, its fingerprint and the logged command keep the reference).
+    A variable that is not set is a ``ConfigError``."""
+    out: list[str] = []
+    secret_flag = ""
+    for token in argv:
+        flag, eq, value = token.partition("=")
+        if token.startswith("-") and eq and is_secret_flag(flag):
+            out.append(f"{flag}={_resolve(flag, value, env, profile, source)}")
+            secret_flag = ""
+            continue
+        out.append(_resolve(secret_flag, token, env, profile, source) if secret_flag else token)
+        secret_flag = token if token.startswith("-") and is_secret_flag(token) else ""
+    return out
+
+
+def check_python(python: str, env: Mapping[str, str], *, profile: str, source: str | None) -> None:
+    """The profile's ``python`` (sglang launcher) must be a program that exists: an executable
+    file, or a name found on ``env``'s ``PATH``. Checked at launch, not at load: the same file
+    is loaded on machines (a laptop, CI collecting for the simulator) that never launch it."""
+    expanded = os.path.expanduser(python)
+    if os.sep not in expanded:
+        if shutil.which(expanded, path=env.get("PATH")) is None:
+            raise ConfigError(
+                f"profile {profile!r} sets python = {python!r}, but there is no such program "
+                "on PATH; give the path of the Python that has SGLang installed (e.g. "
+                "/opt/sglang/.venv/bin/python), or remove the key to use the one running pytest",
+                source=source,
+            )
+        return
+    if not (os.path.isfile(expanded) and os.access(expanded, os.X_OK)):
+        problem = "does not exist" if not os.path.exists(expanded) else "is not an executable file"
+        raise ConfigError(
+            f"profile {profile!r} sets python = {python!r}, which {problem}; give the path of "
+            "the Python that has SGLang installed (e.g. /opt/sglang/.venv/bin/python), or "
+            "remove the key to use the one running pytest",
+            source=source,
+        )
+
+
+def _resolve(
+    flag: str, value: str, env: Mapping[str, str], profile: str, source: str | None
+) -> str:
+    match = _ENV_REFERENCE.match(value)
+    if match is None:
+        return value
+    name = match.group(1)
+    if name not in env:
+        raise ConfigError(
+            f"profile {profile!r} passes {flag} {value}, but the environment variable {name} "
+            "is not set; export it in the shell that runs pytest",
+            source=source,
+        )
+    return env[name]
 
 
 def normalized_extra_args(args: Sequence[str]) -> list[str]:

@@ -12,7 +12,11 @@ from pathlib import Path
 
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.profiles.llamacpp import resolve_binary
-from pytest_specdecode.profiles.profile import ServerProfile
+from pytest_specdecode.profiles.profile import (
+    ServerProfile,
+    check_python,
+    expand_secret_references,
+)
 from pytest_specdecode.servers.launcher import Launcher, ServerIdentity, wait_port_free
 from pytest_specdecode.servers.subprocess import (
     SubprocessLauncher,
@@ -35,6 +39,10 @@ def make_launcher(
     api_key: str | None,
 ) -> Launcher:
     key_args = ["--api-key", api_key] if api_key else []
+
+    def secrets(argv: list[str]) -> list[str]:  # "${NAME}" of credential flags, from env
+        return expand_secret_references(argv, env, profile=profile.name, source=profile.source)
+
     if profile.launcher == "docker":
         from pytest_specdecode.servers.docker import DockerLauncher, container_bind_host
 
@@ -47,7 +55,7 @@ def make_launcher(
         bind = container_bind_host(profile.docker.network)
         return DockerLauncher(
             image=profile.docker.image,
-            command=profile.launch_argv(host=bind, port=port) + key_args,
+            command=secrets(profile.launch_argv(host=bind, port=port)) + key_args,
             env=container_env,
             host=profile.host,
             port=port,
@@ -65,8 +73,10 @@ def make_launcher(
     binary = None
     if profile.llamacpp is not None:
         binary = resolve_binary(profile.llamacpp.binary, env, source=profile.source)
+    if profile.python is not None:  # a missing interpreter: a message, not Popen's traceback
+        check_python(profile.python, env, profile=profile.name, source=profile.source)
     return SubprocessLauncher(
-        profile.launch_argv(host=profile.host, port=port, binary=binary) + key_args,
+        secrets(profile.launch_argv(host=profile.host, port=port, binary=binary)) + key_args,
         env=profile.launch_env(env),
         host=profile.host,
         port=port,

@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from pytest_specdecode.redaction import is_secret_name
+from pytest_specdecode.redaction import is_secret_flag, redact_url
 
 # What a launcher records in the pool's state file so that a later pytest session (or another
 # xdist worker) can find, check and stop the same server: {"kind": "subprocess", "pid": ...} or
@@ -46,14 +46,14 @@ class Launcher(Protocol):
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """The command line as it may be logged: values of secret-looking flags (``--api-key``,
-    ``--hf-token``, ...; :func:`~pytest_specdecode.redaction.is_secret_name`) replaced by
-    ``***``."""
+    """The command line as it may be logged: values of credential flags (``--api-key``,
+    ``--admin-api-key``, ``--hf-token``, ...; :func:`~pytest_specdecode.redaction.is_secret_flag`)
+    replaced by ``***``, and the user info of any URL in it by ``<redacted>``."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
         flag, eq, _ = arg.partition("=")
-        secret_flag = flag.startswith("-") and is_secret_name(flag)
+        secret_flag = flag.startswith("-") and is_secret_flag(flag)
         if hide_next:
             out.append("***")
             hide_next = False
@@ -63,7 +63,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
         elif eq and secret_flag:
             out.append(f"{flag}=***")
         else:
-            out.append(arg)
+            out.append(redact_url(arg))
     return out
 
 

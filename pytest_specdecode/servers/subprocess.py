@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from pytest_specdecode.errors import ServerStartError
 from pytest_specdecode.servers.launcher import ServerIdentity, redact_argv, wait_port_free
 
 
@@ -61,15 +62,22 @@ class SubprocessLauncher:
         with open(self.log_path, "wb") as log:
             log.write(f"$ {' '.join(redact_argv(self.argv))}\n".encode())
             log.flush()
-            self._proc = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                cwd=self.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            try:
+                self._proc = subprocess.Popen(
+                    self.argv,
+                    env=self.env,
+                    cwd=self.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:  # the factory checked it, but a file can vanish or lose +x
+                raise ServerStartError(
+                    f"cannot run {self.argv[0]!r} ({exc.strerror}); check the profile's "
+                    "python or binary setting, or that the file is still there",
+                    log_path=str(self.log_path),
+                ) from None
 
     def exit_code(self) -> int | None:
         if self._proc is None:

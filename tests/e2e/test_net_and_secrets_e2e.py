@@ -1,0 +1,139 @@
+"""What users see about the network and secrets (issue #12, items 5 and 7): a proxy in the
+environment never sits between the plugin and a local server, and a password in the
+``--server-host`` URL reaches no output file and no terminal line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_specdecode.servers.launcher import find_free_port
+from pytest_specdecode.servers.readiness import wait_until_ready
+
+PROXY_VARIABLES = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY")
+
+TESTS = """
+import pytest
+
+@pytest.mark.specdecode("eagle3", workload="fast")
+def test_measured(): pass
+"""
+
+
+def dead_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_proxy_in_the_environment_does_not_come_between_the_plugin_and_its_server(
+    project, monkeypatch
+):
+    # A corporate proxy that this machine cannot even reach, and no NO_PROXY for 127.0.0.1.
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in PROXY_VARIABLES:
+        monkeypatch.setenv(name, f"http://127.0.0.1:{dead_port()}")
+    project.tests(TESTS)
+    result = project.run("--update-baselines", "--specdecode-baseline-runs", "2")
+    result.assert_outcomes(passed=1)
+    assert len(project.baseline_files()) == 1
+    assert project.sim_processes() == []
+
+
+ATTACHED_PROFILES = """
+[defaults]
+launcher = "sim"
+tp_size = 8
+model_path = "/models/tiny-llm"
+warmup_requests = 1
+
+[profiles.eagle3]
+extra_args = ["--disable-custom-all-reduce"]
+speculative.algorithm = "EAGLE3"
+speculative.draft_model_path = "/models/tiny-eagle3"
+speculative.num_steps = 2
+speculative.eagle_topk = 1
+speculative.num_draft_tokens = 3
+
+[workloads.fast]
+prompt_set = "mixed"
+max_new_tokens = 32
+concurrency = 1
+requests_per_run = 2
+warmup_requests = 1
+"""
+
+PASSWORD = "hunter2-sekrit"
+
+
+@pytest.fixture(scope="module")
+def attached_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A simulated server started by hand, matching ``eagle3`` above; its port. Module-scoped,
+    so it starts before pytester snapshots ``sys.modules`` (a second import of httpcore there
+    would make its exceptions escape httpx's mapping)."""
+    port = find_free_port()
+    argv = [
+        sys.executable, "-m", "pytest_specdecode.sim",
+        "--model-path", "/models/tiny-llm", "--tp-size", "8",
+        "--speculative-algorithm", "EAGLE3",
+        "--speculative-draft-model-path", "/models/tiny-eagle3",
+        "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "3", "--disable-custom-all-reduce",
+        "--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    with open(tmp_path_factory.mktemp("attached") / "server.log", "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until_ready(
+            f"http://127.0.0.1:{port}", name="attached sim", timeout=30, exit_code=proc.poll
+        )
+        yield port
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def files_holding(root: Path, text: str) -> list[Path]:
+    needle = text.encode()
+    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+@pytest.mark.parametrize(
+    "form", ["http://perf:{pw}@127.0.0.1:{port}", "perf:{pw}@127.0.0.1:{port}"]
+)
+def test_a_password_in_the_server_host_url_reaches_no_output(project, attached_sim, form):
+    project.profiles(ATTACHED_PROFILES)
+    project.tests(TESTS)
+    host = form.format(pw=PASSWORD, port=attached_sim)
+    outputs = project.path / "out"
+    result = project.run(
+        f"--server-host={host}",
+        "--update-baselines",
+        "--specdecode-baseline-runs", "2",
+        "--specdecode-force-baseline",  # two runs on a busy CI box may be noisy; not the point
+        "--specdecode-report", str(outputs / "report.json"),
+        "--specdecode-history", str(outputs / "history.jsonl"),
+        "--specdecode-markdown", str(outputs / "summary.md"),
+        f"--junitxml={outputs / 'junit.xml'}",
+        "-v",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    assert {p.name for p in outputs.iterdir()} >= {"report.json", "history.jsonl", "summary.md"}
+    terminal = result.stdout.str() + result.stderr.str()
+    assert PASSWORD not in terminal
+    assert len(project.baseline_files()) == 1
+    assert files_holding(project.path, PASSWORD) == []
+    # The server is still named, without its user info.
+    assert f"<redacted>@127.0.0.1:{attached_sim} (attached)" in terminal
