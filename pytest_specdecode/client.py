@@ -241,7 +241,7 @@ class MeasurementClient:
         """One measured run: ``requests_per_run`` requests, at most ``concurrency`` in flight.
         Any failed request fails the run with a ``RequestError``."""
         prompts = workload.prompts_for_run(run_index)
-        label = f"workload {workload.name!r}, run {run_index}"
+        label = f"workload {workload.name!r}, run {run_index + 1}"  # 1-based, as users count
         records, t_start, t_end = self._run_sync(self._send_all(workload, prompts, label))
         return RunRecord(records=records, t_start=t_start, t_end=t_end, run_index=run_index)
 

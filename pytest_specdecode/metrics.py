@@ -116,9 +116,9 @@ def compute_run_metrics(run: RunRecord) -> RunMetrics:
     """The metrics of one run (see the module docstring for the definitions)."""
     records = run.records
     if not records:
-        raise ValueError(f"run {run.run_index} has no requests; nothing to measure")
+        raise ValueError(f"run {run.run_index + 1} has no requests; nothing to measure")
     if run.wall_s <= 0:
-        raise ValueError(f"run {run.run_index} has a non-positive wall time {run.wall_s!r}")
+        raise ValueError(f"run {run.run_index + 1} has a non-positive wall time {run.wall_s!r}")
     total_tokens = sum(record.completion_tokens for record in records)
     found: dict[str, float | None] = {
         "tok_s": total_tokens / run.wall_s,
@@ -179,7 +179,7 @@ def _accept_lengths(records: tuple[RequestRecord, ...], run_index: int) -> dict[
     ]
     if unverified:
         raise RequestError(
-            f"run {run_index}: {len(unverified)} of {len(records)} requests produced more than "
+            f"run {run_index + 1}: {len(unverified)} of {len(records)} requests produced more than "
             f"one token without reporting spec_verify_ct, while the others did; a speculative "
             f"SGLang server reports it on every request that reached a verify step. Are the "
             f"requests reaching different servers (a load balancer, a restart mid-run)? "

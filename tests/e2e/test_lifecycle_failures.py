@@ -177,7 +177,7 @@ def test_a_failed_warm_up_fails_that_server_and_stops_it(project):
     first = section(result, "test_1_refuses")
     assert re.search(
         r"server 'refuses' was ready after [\d.]+s, but its warm-up request failed: workload "
-        r"'inline', run 0, request 1 of 1 \(code prompt\): http://127\.0\.0\.1:\d+/generate: "
+        r"'inline', run 1, request 1 of 1 \(code prompt\): http://127\.0\.0\.1:\d+/generate: "
         r"HTTP 500 Internal Server Error",
         first,
     )
@@ -202,6 +202,8 @@ def test_crash_while_measured_fails_that_test_and_later_ones_fast(project):
     assert re.search(
         r"server 'crashes' died during run 1 \(exit code -9\); the request failed", first
     )
+    # The run is counted the same way twice in one message (#12, item 8: it said run 1, run 0).
+    assert re.search(r"died during run 1 .*the request failed with: workload 'fast', run 1,", first)
     assert re.search(r"last \d+ log lines:", first)
     assert "--sim-fault crash-after:3" in first  # the log's first line: the command
     # The message appears once: no chain of "direct cause" / "during handling" repeats.

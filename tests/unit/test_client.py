@@ -352,7 +352,7 @@ def test_an_error_object_inside_a_200_stream_is_an_error_naming_url_and_message(
     stream = sse(native_chunk("a", 1), {"error": {"message": "KV cache pool exhausted"}})
     error = run_error(lambda request: event_stream(stream))
 
-    assert "workload 'unit', run 3, request 1 of 2 (code prompt)" in str(error)
+    assert "workload 'unit', run 4, request 1 of 2 (code prompt)" in str(error)
     assert f"{BASE_URL}/generate: the server reported an error: KV cache pool exhausted" in str(
         error
     )

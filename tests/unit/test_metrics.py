@@ -172,7 +172,7 @@ def test_a_request_that_decoded_without_spec_counts_beside_others_that_have_them
 
     with pytest.raises(
         RequestError,
-        match=r"run 4: 1 of 2 requests produced more than one token without reporting "
+        match=r"run 5: 1 of 2 requests produced more than one token without reporting "
         r"spec_verify_ct",
     ):
         compute_run_metrics(run(*records))
@@ -207,7 +207,7 @@ def test_values_follow_the_registry_order() -> None:
     ids=["no requests", "zero wall time"],
 )
 def test_a_run_without_requests_or_wall_time_is_refused(bad_run: RunRecord) -> None:
-    with pytest.raises(ValueError, match="run 0 has"):
+    with pytest.raises(ValueError, match="run 1 has"):
         compute_run_metrics(bad_run)
 
 
