@@ -277,13 +277,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             profile = session.profile(server, where=item.nodeid)
             for reference in spec.references:
                 session.profile(reference, where=f"{item.nodeid} (against=)")
-            session.workload(spec.workload, where=item.nodeid)
+            workload = session.workload(spec.workload, where=item.nodeid)
         except SpecdecodeError as exc:
             raise pytest.UsageError(str(exc)) from None
         item.stash[SPEC_KEY] = replace(spec, server=server)
         item.stash[NODEID_KEY] = project_test_id(
             item.nodeid, item.path, config.rootpath, session.settings.project_root
         )
+        session.note_collected(item.stash[NODEID_KEY], profile.name, workload)
         item.add_marker(profile.algorithm_marker)
         if xdist:
             item.add_marker(pytest.mark.xdist_group(f"specdecode-{profile.name}"))
@@ -308,6 +309,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     sd = _session(session.config)
     sd.pool.set_demand(None if sd.is_xdist_worker else demand)
     sd.plan(list(demand.elements()))
+    sd.note_selected([item.stash[NODEID_KEY] for item in session.items if NODEID_KEY in item.stash])
 
 
 # -- fixtures ------------------------------------------------------------------------------

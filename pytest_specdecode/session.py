@@ -98,6 +98,9 @@ class SpecdecodeSession:
         self.history: Sequence[Mapping[str, Any]] = ()
         """Earlier nights (the JSON-lines history), for the launch variance of each test."""
         self._planned: Counter[str] | None = None
+        self._collected: dict[str, list[tuple[str, str, str]]] = {}
+        """Per profile: (test id, workload name, workload hash) of every collected test."""
+        self._selected: set[str] | None = None
         self._more_launches: dict[str, list[_PendingLaunches]] = {}
         self._profiles: ProfileFile | None = None
         self._target: str | None = None
@@ -294,13 +297,25 @@ class SpecdecodeSession:
             fingerprint = profile.fingerprint().with_soft(
                 server_version=str(version) if version is not None else None
             )
-            lookup = BaselineLookup(self.store, hw, workload.name, workload.content_hash())
+            lookup = BaselineLookup(
+                self.store,
+                hw,
+                workload.name,
+                workload.content_hash(),
+                workload_fields=workload.hashed_fields(),
+                recorders={name: self.recorder_hint(name, workload) for name in spec.references},
+            )
             others = {
                 name: self.profile(name, where=f"{test_id} (against=)").fingerprint()
                 for name in spec.references
             }
             refs, soft = lookup.resolve(test_id, fingerprint, others)
             warnings.extend(soft)
+            if not updating:
+                # Said now, not after minutes of runs: the runs still go to the table and reports.
+                for ref in {id(r): r for r in refs.values() if r.samples is None}.values():
+                    first = (ref.problem or "").splitlines()[0]
+                    self.emit(f"{test_id}: {ref.label} cannot be compared: {first}")
             own = refs[OWN].samples
             if own and own.get("tok_s"):
                 # The per-look alphas are calibrated for the stored baseline's size.
@@ -364,12 +379,16 @@ class SpecdecodeSession:
             server_origin=handle.origin,
             server_version=str(version) if version is not None else None,
             warnings=warnings,
-            provenance=collect_provenance(
-                env=profile.launch_env(self.env) if handle.origin != "attached" else {},
-                server_info=info,
-                gpu=self.gpus,
-                repo_dir=self.rootdir,
-            ),
+            provenance={
+                **collect_provenance(
+                    env=profile.launch_env(self.env) if handle.origin != "attached" else {},
+                    server_info=info,
+                    gpu=self.gpus,
+                    repo_dir=self.rootdir,
+                ),
+                # what the workload hash covers, so a changed workload is named by its field
+                "workload": workload.hashed_fields(),
+            },
             launch_runs=[len(samples.get("tok_s", []))],
         )
         self.results.append(result)
@@ -414,6 +433,44 @@ class SpecdecodeSession:
         if self.settings.baseline_launches is not None:
             return self.settings.baseline_launches
         return DEFAULT_BASELINE_LAUNCHES if launch_varies else 1
+
+    def note_collected(self, test_id: str, profile: str, workload: Workload) -> None:
+        """A collected test (before -m/-k deselect), so an ``against=`` without a baseline can
+        name the tests that would record one."""
+        entry = (test_id, workload.name, workload.content_hash())
+        self._collected.setdefault(profile, []).append(entry)
+
+    def note_selected(self, test_ids: Sequence[str]) -> None:
+        """The tests left to run after deselection."""
+        self._selected = set(test_ids)
+
+    def recorder_hint(self, profile: str, workload: Workload) -> str:
+        """Which tests of this session record ``profile``'s baseline on ``workload``, and what
+        to run; or that none does and what test to add."""
+        tests = self._collected.get(profile, [])
+        same = [t for t, _, digest in tests if digest == workload.content_hash()]
+        selected = [t for t in same if self._selected is None or t in self._selected]
+        if selected:
+            return (
+                f"it is recorded by {', '.join(selected)} (in this session): run "
+                f"`pytest --update-baselines {' '.join(selected)}` first"
+            )
+        if same:
+            return (
+                f"{', '.join(same)} would record it but is not selected (-m, -k or the paths "
+                f"given): run `pytest --update-baselines {' '.join(same)}` first"
+            )
+        add = (
+            f"add a test marked @pytest.mark.specdecode({profile!r}, "
+            f"workload={workload.name!r}) and record it with --update-baselines"
+        )
+        if tests:
+            others = ", ".join(f"{t} (workload {name!r})" for t, name, _ in tests)
+            return (
+                f"no collected test measures {profile!r} on this workload ({others} do on "
+                f"others): {add}"
+            )
+        return f"no collected test measures profile {profile!r}: {add}"
 
     def plan(self, profiles: Sequence[str]) -> None:
         """The profiles of the tests this process will run, one entry per test (from the

@@ -106,6 +106,21 @@ class Workload:
         """Whether the API streams (only streaming requests give TTFT and inter-token gaps)."""
         return self.api.endswith("-stream")
 
+    def hashed_fields(self) -> dict[str, object]:
+        """What :meth:`content_hash` covers, the prompts as one digest: stored with a baseline
+        so that a changed workload is reported by the field that changed."""
+        texts = [prompt.text for prompt in self.prompts_for_run(0)]
+        return {
+            "prompts": f"{len(texts)} prompts, sha256 "
+            + hashlib.sha256(canonical_json(texts).encode()).hexdigest()[:16],
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "ignore_eos": self.ignore_eos,
+            "concurrency": self.concurrency,
+            "requests_per_run": self.requests_per_run,
+            "api": self.api,
+        }
+
     def content_hash(self) -> str:
         """16 hex digits of SHA-256 over the canonical JSON of what shapes the measured requests."""
         shape = {

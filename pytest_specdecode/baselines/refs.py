@@ -11,7 +11,7 @@ session: everything it needs is passed in.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pytest_specdecode.baselines.record import BaselineRecord, check_fingerprint
 from pytest_specdecode.baselines.store import BaselineStore
@@ -32,6 +32,12 @@ class BaselineLookup:
     hardware_key: str
     workload_name: str
     workload_hash: str
+    workload_fields: Mapping[str, object] | None = None
+    """This run's :meth:`~pytest_specdecode.workloads.Workload.hashed_fields`, to name what
+    changed against a baseline that stored its own (``provenance["workload"]``)."""
+    recorders: Mapping[str, str] = field(default_factory=dict)
+    """Per ``against=`` profile: which tests of this session would record its baseline (or that
+    none does), for the message when it has none."""
 
     def resolve(
         self,
@@ -66,8 +72,9 @@ class BaselineLookup:
         path = str(self.store.path_for(self.hardware_key, record.test_id)) if record else None
         missing = (
             f"no stored baseline of profile {name!r} on hardware {self.hardware_key!r} for "
-            f"workload {self.workload_name!r} (hash {self.workload_hash}); run that profile's "
-            "test with --update-baselines first"
+            f"workload {self.workload_name!r} (hash {self.workload_hash}). against= compares "
+            "with the baseline a test of that profile records on the same workload; "
+            + self.recorders.get(name, "run that profile's test with --update-baselines first")
         )
         return self._checked(
             record, f"{name}'s baseline", path, fingerprint, warnings, missing=missing
@@ -93,12 +100,28 @@ class BaselineLookup:
                 label,
                 None,
                 path,
-                f"{path}: recorded with workload hash {record.workload_hash}, this run's workload "
-                f"hashes to {self.workload_hash}: the prompts, output length, concurrency or API "
-                "changed, so the runs are not comparable; re-record with --update-baselines",
+                f"{path}: recorded with workload {record.workload_name!r} hash "
+                f"{record.workload_hash}, this run's workload {self.workload_name!r} hashes to "
+                f"{self.workload_hash}: {self._workload_change(record)}, so the runs are not "
+                "comparable; re-record with --update-baselines",
                 mismatch=True,
             )
         if check.soft:
             warnings.append(check.warning_message())
         notes = {m: note for m in METRICS if (note := record.missing_metric_note(m)) is not None}
         return BaselineRef(label, record.samples, path, notes=notes, launch_runs=record.launch_runs)
+
+    def _workload_change(self, record: BaselineRecord) -> str:
+        """The workload fields that differ, as ``field: baseline X, now Y``."""
+        stored = record.provenance.get("workload")
+        if not isinstance(stored, Mapping) or self.workload_fields is None:
+            return (
+                "the prompts, output length, temperature, concurrency or API changed (this "
+                "baseline does not store its workload's fields; a re-recorded one will)"
+            )
+        changed = [
+            f"{key} was {stored.get(key)!r}, now {value!r}"
+            for key, value in self.workload_fields.items()
+            if stored.get(key) != value
+        ]
+        return "; ".join(changed) if changed else "the prompt order changed"

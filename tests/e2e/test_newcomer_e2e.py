@@ -159,3 +159,60 @@ def test_attach_to_a_simulated_server_picks_the_sim_target(
     line = header(checked)
     assert f'target sim (the server at http://{attached_sim} reports "simulated": true)' in line
     assert "mismatch" not in checked.stdout.str().lower()
+
+
+# -- against= another profile, and a changed workload, said before measuring ---------------
+
+AGAINST_SUITE = """
+import pytest
+
+@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.5)
+def test_nospec():
+    pass
+
+@pytest.mark.specdecode("eagle3", workload="fast", tok_s=-0.5, against={"nospec": {"tok_s": -0.5}})
+def test_eagle3():
+    pass
+"""
+
+
+def test_against_names_the_test_that_records_the_other_baseline(quiet_project: Project) -> None:
+    quiet_project.tests(AGAINST_SUITE)
+    quiet_project.run("-k", "eagle3", *RECORD).assert_outcomes(passed=1)
+
+    checked = quiet_project.run("-k", "eagle3", "-rs", *RUNS)
+    checked.assert_outcomes(skipped=1)
+    out = checked.stdout.str()
+    # Said before the runs, as a line of its own...
+    assert (
+        "specdecode: test_perf.py::test_eagle3: nospec's baseline cannot be compared: no stored "
+        "baseline of profile 'nospec'" in out
+    )
+    # ...and in the skip reason, naming the test that would record it.
+    assert "test_perf.py::test_nospec would record it but is not selected" in out
+    assert "pytest --update-baselines test_perf.py::test_nospec" in out
+
+    # Without any test of that profile collected, the message says what to add.
+    only = quiet_project.run("test_perf.py::test_eagle3", "-rs", *RUNS)
+    only.assert_outcomes(skipped=1)
+    assert (
+        "no collected test measures profile 'nospec': add a test marked "
+        "@pytest.mark.specdecode('nospec', workload='fast') and record it with "
+        "--update-baselines" in only.stdout.str()
+    )
+
+
+def test_a_changed_workload_is_named_by_its_field_before_measuring(quiet_project: Project) -> None:
+    quiet_project.tests(SUITE)
+    quiet_project.run(*RECORD).assert_outcomes(passed=1)
+    profiles = quiet_project.path / "specdecode.toml"
+    text = profiles.read_text()
+    start = text.index("[workloads.fast]")
+    block = text[start:].replace("max_new_tokens = 64", "max_new_tokens = 48", 1)
+    profiles.write_text(text[:start] + block)
+
+    changed = quiet_project.run(*RUNS)
+    changed.assert_outcomes(failed=1)
+    out = changed.stdout.str()
+    assert "specdecode: test_perf.py::test_nospec: its own baseline cannot be compared:" in out
+    assert "max_new_tokens was 64, now 48" in out

@@ -25,6 +25,7 @@ from pytest_specdecode.baselines.record import (
     MetricSamples,
     check_fingerprint,
 )
+from pytest_specdecode.baselines.refs import OWN, BaselineLookup
 from pytest_specdecode.baselines.store import BaselineStore, BaselineUpdate
 from pytest_specdecode.errors import BaselineError, ConfigError
 from pytest_specdecode.fingerprint import Fingerprint
@@ -951,3 +952,35 @@ def test_workload_and_simulation_differences_are_hard() -> None:
     )
     assert same.comparable
     assert same.soft == ()
+
+
+# --------------------------------------------------------------------------- lookup messages
+
+
+def test_a_changed_workload_is_named_by_the_field_that_changed(tmp_path: Path) -> None:
+    fields = {"prompts": "4 prompts, sha256 ab", "max_new_tokens": 500, "concurrency": 1}
+    store = BaselineStore(tmp_path)
+    store.write(make_record(provenance={"workload": fields}))
+    now = {**fields, "max_new_tokens": 256}
+    lookup = BaselineLookup(store, HW, "seed-chat", "w-bbbb", workload_fields=now)
+    refs, _ = lookup.resolve(TEST_ID, Fingerprint(hard=HARD, soft=SOFT))
+    problem = refs[OWN].problem or ""
+    assert refs[OWN].mismatch
+    assert "max_new_tokens was 500, now 256" in problem
+    assert "concurrency" not in problem
+    # A baseline from before workloads were stored says so instead of guessing.
+    store.write(make_record())
+    refs, _ = lookup.resolve(TEST_ID, Fingerprint(hard=HARD, soft=SOFT))
+    assert "does not store its workload's fields" in (refs[OWN].problem or "")
+
+
+def test_a_missing_against_baseline_names_who_records_it(tmp_path: Path) -> None:
+    hint = "it is recorded by t.py::test_nospec (in this session): run it first"
+    lookup = BaselineLookup(
+        BaselineStore(tmp_path), HW, "seed-chat", "w-aaaa", recorders={"nospec": hint}
+    )
+    refs, _ = lookup.resolve(TEST_ID, Fingerprint(hard=HARD), {"nospec": Fingerprint(hard=HARD)})
+    problem = refs["nospec"].problem or ""
+    assert "no stored baseline of profile 'nospec'" in problem
+    assert "against= compares with the baseline a test of that profile records" in problem
+    assert problem.endswith(hint)
