@@ -466,6 +466,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     except SpecdecodeError as exc:
         sd.updates.append(f"ERROR: {exc}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    except KeyboardInterrupt:
+        # Ctrl-C (or SIGTERM) while the files are written: every writer replaces its file
+        # atomically or appends one line at once, so what is on disk is whole; end like any
+        # interrupted session, with a line, not a traceback from inside pytest's own finally.
+        sd.output_lines.append(
+            "ERROR: interrupted (Ctrl-C or SIGTERM) while writing the baselines and reports: what "
+            "was not written yet is skipped; every file is either complete or as it was before"
+        )
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
     finally:
         sd.close()
         if sd.is_xdist_worker:

@@ -137,3 +137,79 @@ def test_a_password_in_the_server_host_url_reaches_no_output(project, attached_s
     assert files_holding(project.path, PASSWORD) == []
     # The server is still named, without its user info.
     assert f"<redacted>@127.0.0.1:{attached_sim} (attached)" in terminal
+
+
+# --- item 8: the smaller ones ------------------------------------------------------------------
+
+INTERRUPT_WHILE_WRITING_THE_REPORT = """
+import os
+import signal
+
+_replace = os.replace
+
+
+def _interrupted_replace(src, dst, *args, **kwargs):
+    # Ctrl-C at the worst moment: the new report is written to its temporary file, not yet in
+    # place. SIGINT is raised as KeyboardInterrupt at the next bytecode, here.
+    if str(dst).endswith("report.json"):
+        os.kill(os.getpid(), signal.SIGINT)
+    return _replace(src, dst, *args, **kwargs)
+
+
+os.replace = _interrupted_replace
+"""
+
+
+def test_ctrl_c_while_the_report_is_written_ends_cleanly_and_tears_no_file(project):
+    project.tests(
+        """
+        import pytest
+
+        @pytest.mark.specdecode("nospec", workload="fast")
+        def test_measured(): pass
+        """
+    )
+    report = project.path / "out" / "report.json"
+    args = ("--specdecode-report", str(report), "--specdecode-runs", "2")
+    first = project.run(*args)
+    first.assert_outcomes(passed=1)
+    before = report.read_text()
+
+    project.pytester.makeconftest(INTERRUPT_WHILE_WRITING_THE_REPORT)
+    result = project.run(*args)
+    output = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in output
+    assert "KeyboardInterrupt" not in output
+    assert result.ret == 2  # pytest's "interrupted"
+    result.stdout.fnmatch_lines(["*interrupted (Ctrl-C*) while writing the baselines and reports*"])
+    assert report.read_text() == before  # the previous report, whole
+    assert sorted(p.name for p in report.parent.iterdir()) == ["report.json"]  # no temp file
+    assert project.sim_processes() == []
+
+
+def test_a_missing_interpreter_is_named_without_a_traceback(project):
+    missing = project.path / "no-venv" / "bin" / "python"
+    project.profiles(
+        f"""
+        [profiles.real]
+        launcher = "sglang"
+        model_path = "/models/tiny-llm"
+        python = "{missing}"
+        startup_timeout = 10
+        warmup_requests = 0
+        """
+    )
+    project.tests(
+        """
+        import pytest
+
+        @pytest.mark.specdecode("real", workload={"requests_per_run": 1, "max_new_tokens": 4})
+        def test_real(): pass
+        """
+    )
+    result = project.run("--specdecode-target", "real", "--specdecode-skip-preflight")
+    result.assert_outcomes(errors=1)
+    output = result.stdout.str()
+    assert f"sets python = '{missing}', which does not exist" in output
+    assert "FileNotFoundError" not in output
+    assert "subprocess.py" not in output  # no frames of Popen
