@@ -48,9 +48,9 @@ from pytest_specdecode.net import trust_env
 from pytest_specdecode.profiles.loader import load_profiles
 from pytest_specdecode.profiles.profile import ProfileFile, ServerProfile
 from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpus, hardware_key
+from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.result import SpecdecodeResult, check_json
 from pytest_specdecode.sequential import SequentialPlan
-from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.servers.pool import ServerCounts, ServerHandle, ServerPool
 from pytest_specdecode.servers.readiness import Progress, wait_until_ready
 from pytest_specdecode.settings import Settings
