@@ -153,6 +153,48 @@ async def _sse_data(lines: AsyncIterator[str]) -> AsyncGenerator[str, None]:
         yield "\n".join(data)
 
 
+# --- stalls ------------------------------------------------------------------------------------
+
+STALL_INITIAL = 120.0
+"""Seconds of silence allowed before anything was seen on a server: a first request may wait
+for kernels compiled on first use (Triton attention on real SGLang)."""
+STALL_FLOOR = 30.0
+STALL_FACTOR = 10.0
+
+
+class StallBound:
+    """How long a server may stay silent before it counts as hung: ``fixed`` seconds
+    (``--specdecode-stall-timeout``), else :data:`STALL_FACTOR` times the longest silence seen
+    on it so far (before the first token of a stream, between two of its chunks, or a whole
+    non-streamed response), at least :data:`STALL_FLOOR`, and :data:`STALL_INITIAL` before
+    anything was seen. One per server, kept across the clients of a session, so the warm-up
+    teaches the bound that the measured runs are held to.
+    """
+
+    def __init__(self, fixed: float | None = None) -> None:
+        self.fixed = fixed
+        self.longest_gap = 0.0  # streamed: the longest wait for the next chunk
+        self.longest_response = 0.0  # not streamed: the longest whole response
+
+    def bound(self, streaming: bool) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        seen = self.longest_gap if streaming else self.longest_response
+        return max(STALL_FLOOR, STALL_FACTOR * seen) if seen else STALL_INITIAL
+
+    def explain(self, streaming: bool) -> str:
+        if self.fixed is not None:
+            return f"--specdecode-stall-timeout {self.fixed:g}"
+        seen = self.longest_gap if streaming else self.longest_response
+        if not seen:
+            return f"the bound before anything was seen on this server: {STALL_INITIAL:g}s"
+        what = "silence within a stream" if streaming else "response"
+        return (
+            f"{STALL_FACTOR:g}x the longest {what} seen on this server so far ({seen:.2f}s), at "
+            f"least {STALL_FLOOR:g}s; --specdecode-stall-timeout sets it"
+        )
+
+
 # --- the client --------------------------------------------------------------------------------
 
 
@@ -161,10 +203,12 @@ class MeasurementClient:
 
     A synchronous API over asyncio + ``httpx.AsyncClient``: the client owns a private event loop,
     so call it from synchronous code only, and from one thread. ``connect_timeout`` bounds each
-    connection attempt; ``request_timeout`` bounds each request from sending to the last byte
-    (and so any silence within it). ``adapters(api, model=...)`` chooses the protocol adapter
-    for a workload's api (default: SGLang's, :func:`~pytest_specdecode.adapters.adapter_for`).
-    ``transport`` is for tests (``httpx.MockTransport``).
+    connection attempt; ``request_timeout`` bounds each request from sending to the last byte;
+    ``stall`` bounds any silence within it (:class:`StallBound`: a hung server fails its request
+    in seconds to minutes, not after the whole request timeout). ``adapters(api, model=...)``
+    chooses the protocol adapter for a workload's api (default: SGLang's,
+    :func:`~pytest_specdecode.adapters.adapter_for`). ``transport`` is for tests
+    (``httpx.MockTransport``).
     """
 
     def __init__(
@@ -176,6 +220,7 @@ class MeasurementClient:
         adapters: AdapterFactory = adapter_for,
         connect_timeout: float = 10.0,
         request_timeout: float = 600.0,
+        stall: StallBound | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         try:
@@ -193,6 +238,7 @@ class MeasurementClient:
         self._adapters = adapters
         self._connect_timeout = connect_timeout
         self._request_timeout = request_timeout
+        self._stall = stall or StallBound()
         self._display_url = str(url.copy_with(userinfo=b"")).rstrip("/")
         self._loop: asyncio.AbstractEventLoop | None = asyncio.new_event_loop()
         self._http = httpx.AsyncClient(
@@ -268,6 +314,7 @@ class MeasurementClient:
                         f"{where}: {exc}",
                         url=exc.url,
                         status=exc.status,
+                        stalled=exc.stalled,
                     ) from exc
 
         t_start = time.perf_counter()
@@ -304,14 +351,39 @@ class MeasurementClient:
                 f"({timeline.tokens} tokens received)",
                 url,
             ) from exc
+        except httpx.ReadTimeout as exc:
+            streaming = adapter.streaming
+            bound = self._stall.bound(streaming)
+            if bound >= self._request_timeout:  # the request timeout is the tighter bound
+                why = f"request_timeout={self._request_timeout:g}s"
+            else:
+                why = f"the stall bound: {self._stall.explain(streaming)}"
+            raise self._error(
+                f"{url}: no {'token' if streaming else 'response'} for "
+                f"{min(bound, self._request_timeout):.0f}s after {timeline.tokens} tokens "
+                f"({why}): the server is hung",
+                url,
+                stalled=True,
+            ) from exc
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, url, timeline.tokens) from exc
+
+    def _timeout(self, streaming: bool) -> httpx.Timeout:
+        """This request's timeouts: the read timeout (the longest wait for the next bytes) is
+        the stall bound."""
+        read = min(self._stall.bound(streaming), self._request_timeout)
+        return httpx.Timeout(self._request_timeout, connect=self._connect_timeout, read=read)
 
     async def _post(
         self, adapter: ProtocolAdapter, path: str, body: dict[str, object], timeline: _Timeline
     ) -> float:
-        response = await self._http.post(path, json=body, headers=adapter.headers)
+        t_sent = time.perf_counter()
+        response = await self._http.post(
+            path, json=body, headers=adapter.headers, timeout=self._timeout(streaming=False)
+        )
         t_end = time.perf_counter()
+        stall = self._stall
+        stall.longest_response = max(stall.longest_response, t_end - t_sent)
         if response.status_code != 200:
             raise _status_error(response)
         try:
@@ -325,7 +397,11 @@ class MeasurementClient:
     async def _stream(
         self, adapter: ProtocolAdapter, path: str, body: dict[str, object], timeline: _Timeline
     ) -> float:
-        async with self._http.stream("POST", path, json=body, headers=adapter.headers) as response:
+        stall = self._stall
+        last = time.perf_counter()
+        async with self._http.stream(
+            "POST", path, json=body, headers=adapter.headers, timeout=self._timeout(streaming=True)
+        ) as response:
             if response.status_code != 200:
                 await response.aread()
                 raise _status_error(response)
@@ -342,6 +418,8 @@ class MeasurementClient:
             async with events as stream:
                 async for payload in stream:
                     now = time.perf_counter()
+                    stall.longest_gap = max(stall.longest_gap, now - last)
+                    last = now
                     if payload.strip() == "[DONE]":
                         timeline.done = True
                         # SGLang ends the response here; bench_serving does not reuse it either.
@@ -393,10 +471,12 @@ class MeasurementClient:
 
     # -- errors --
 
-    def _error(self, message: str, url: str, status: int | None = None) -> RequestError:
+    def _error(
+        self, message: str, url: str, status: int | None = None, *, stalled: bool = False
+    ) -> RequestError:
         if self._api_key:
             message = message.replace(self._api_key, "***")
-        return RequestError(message, url=url, status=status)
+        return RequestError(message, url=url, status=status, stalled=stalled)
 
     def _status_error(self, response: httpx.Response, url: str) -> RequestError:
         return self._error(f"{url}: {_status_error(response)}", url, response.status_code)

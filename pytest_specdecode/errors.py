@@ -9,7 +9,9 @@ Every message names the bad value, where it came from and what to do about it.
     │   ├── ServerTimeoutError not ready within the startup timeout
     │   ├── ServerMismatchError
     │   │                      an attached server runs another configuration
-    │   └── ServerCrashedError the server died while it was being measured
+    │   ├── ServerCrashedError the server died while it was being measured
+    │   ├── ServerHungError    it is alive but stopped answering (frozen after ready, no token)
+    │   └── AttachError        --server-host is not a ready server of the profile's kind
     ├── RequestError           a measurement request failed (status, error event, bad body)
     └── BaselineError          a baseline file is missing, corrupt or incomparable
 """
@@ -70,12 +72,31 @@ class ServerCrashedError(ServerError):
     """The server died while it was being measured."""
 
 
+class ServerHungError(ServerError):
+    """The server is alive but stopped answering: ready in its log with the health probe
+    silent, or no token for the stall bound while it was measured."""
+
+
+class AttachError(ServerError):
+    """``--server-host`` does not lead to a ready server of the profile's kind: nothing
+    listens, something else answers, or it is still loading."""
+
+
 class RequestError(SpecdecodeError):
     """A measurement request failed: an HTTP error, an error event in a stream, a bad body."""
 
-    def __init__(self, message: str, *, url: str | None = None, status: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        status: int | None = None,
+        stalled: bool = False,
+    ) -> None:
         self.url = url
         self.status = status
+        self.stalled = stalled
+        """No token arrived within the stall bound: the server, not this request, is stuck."""
         super().__init__(message)
 
 

@@ -32,12 +32,14 @@ from pytest_specdecode.baselines.store import (
     BaselineUpdate,
     noise_problem,
 )
-from pytest_specdecode.client import MeasurementClient
+from pytest_specdecode.client import MeasurementClient, StallBound
 from pytest_specdecode.errors import (
     BaselineError,
     ConfigError,
     RequestError,
     ServerCrashedError,
+    ServerError,
+    ServerHungError,
     ServerMismatchError,
     SpecdecodeError,
 )
@@ -51,14 +53,17 @@ from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpu
 from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.result import SpecdecodeResult, check_json
 from pytest_specdecode.sequential import SequentialPlan
+from pytest_specdecode.servers.attach import wait_attached
 from pytest_specdecode.servers.pool import ServerCounts, ServerHandle, ServerPool
-from pytest_specdecode.servers.readiness import Progress, wait_until_ready
+from pytest_specdecode.servers.readiness import DEFAULT_READY_GRACE, Progress
 from pytest_specdecode.settings import Settings
 from pytest_specdecode.stats import Verdict
 from pytest_specdecode.verdict import BaselineRef, Check, Outcome, evaluate, message, outcome_of
 from pytest_specdecode.workloads import Workload, resolve_workload
 
 SGLANG_DEFAULT_PORT = 30000
+ATTACH_KINDS = {"sglang": "SGLang", "llamacpp": "llama-server"}
+"""The server kinds' names in the attach messages, by backend name."""
 
 
 class SpecdecodeSession:
@@ -119,7 +124,10 @@ class SpecdecodeSession:
             on_event=emit,
             on_progress=progress,
             warmup=self._warm_up_server,
+            ready_grace=settings.stall_timeout or DEFAULT_READY_GRACE,
         )
+        self._stalls: dict[str, StallBound] = {}
+        self._attach_failures: dict[str, ServerError] = {}
 
     # -- profiles and target -------------------------------------------------------------
 
@@ -228,17 +236,19 @@ class SpecdecodeSession:
                 self._record_more_launches(profile)
 
     def _attach(self, profile: ServerProfile) -> ServerHandle:
+        if profile.name in self._attach_failures:  # it hung: later tests fail at once
+            raise self._attach_failures[profile.name]
         backend = backend_for(profile)
         url = attach_url(self.settings.server_host or "", profile.port or backend.default_port)
         api_key = None
         if profile.api_key_env:
             api_key = self.env.get(profile.api_key_env)
-        wait_until_ready(
+        wait_attached(
             url,
-            name=f"attached server {url}",
+            kind=ATTACH_KINDS.get(backend.name, backend.name),
+            health_paths=backend.health_paths,
             timeout=min(60.0, profile.startup_timeout),
             api_key=api_key,
-            paths=backend.health_paths,
         )
         return ServerHandle(profile=profile, base_url=url, origin="attached", api_key=api_key)
 
@@ -260,7 +270,17 @@ class SpecdecodeSession:
             api_key=handle.api_key,
             adapters=backend.adapter,
             request_timeout=self.settings.request_timeout,
+            stall=self._stall_for(handle),
         )
+
+    def _stall_for(self, handle: ServerHandle) -> StallBound:
+        """One stall bound per server (a relaunch starts afresh): what the warm-up saw of it
+        bounds the silence of the measured runs."""
+        key = f"{handle.profile.name} {handle.base_url} {id(handle.launcher)}"
+        bound = self._stalls.get(key)
+        if bound is None:
+            bound = self._stalls[key] = StallBound(self.settings.stall_timeout)
+        return bound
 
     # -- measurement ---------------------------------------------------------------------
 
@@ -626,12 +646,25 @@ class SpecdecodeSession:
         return Outcome.RECORDED, f"recorded {runs} runs{over}"
 
     def _explain_failure(self, exc: RequestError, handle: ServerHandle, when: str) -> Exception:
-        """A failed request: if the server died, say so with its exit code and log tail."""
+        """A failed request: if the server died, say so with its exit code and log tail; if it
+        hung (no token within the stall bound), fail its later tests at once and stop it."""
         deadline = time.monotonic() + 2.0
         code = handle.exit_code()
         while code is None and time.monotonic() < deadline and handle.origin != "attached":
             time.sleep(0.1)
             code = handle.exit_code()
+        if code is None and exc.stalled:
+            hung = ServerHungError(
+                f"server {handle.profile.name!r} ({handle.origin}) hung {when}: {exc}. Later "
+                "tests of this profile fail at once",
+                log_path=str(handle.log_path) if handle.log_path else None,
+                log_tail=handle.log_tail(50),
+            )
+            if handle.origin == "attached":
+                self._attach_failures[handle.profile.name] = hung
+            else:
+                self.pool.mark_failed(handle.profile, hung)
+            return hung
         if code is None:
             return exc
         crash = ServerCrashedError(

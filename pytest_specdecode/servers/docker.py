@@ -46,6 +46,7 @@ from docker.models.containers import Container
 from pytest_specdecode.errors import ServerStartError
 from pytest_specdecode.redaction import is_secret_name
 from pytest_specdecode.servers.launcher import ServerIdentity, redact_argv, wait_port_free
+from pytest_specdecode.servers.ports import pids_hold_port
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +242,28 @@ class DockerLauncher:
         self._note(f"container {self.name} stopped and removed")
         self._close_client()
         wait_port_free(self.connect_host, self.port, timeout=30.0)
+
+    def serves_port(self) -> bool | None:
+        """On host networking with a local engine, whether a process of the container listens
+        on the port (the engine lists the container's processes with host pids); on a published
+        port, the engine bound it when the container started (and would have failed to, had
+        it been taken), so a running container proves it; a remote engine: unknown."""
+        if self._container is None or self.exit_code() is not None:
+            return None
+        if self.network != "host":
+            return True
+        if engine_hostname(self._docker_host) is not None:
+            return None
+        try:
+            top = self._container.top()
+        except _ENGINE_DOWN:
+            return None
+        titles = [str(t).upper() for t in top.get("Titles") or []]
+        if "PID" not in titles:
+            return None
+        column = titles.index("PID")
+        pids = [int(row[column]) for row in top.get("Processes") or [] if row[column].isdigit()]
+        return pids_hold_port(pids, self.port)
 
     def identity(self) -> ServerIdentity:
         """What the pool's state file records, for :func:`docker_server_alive` and

@@ -17,11 +17,12 @@ from pytest_specdecode.profiles.profile import (
     check_python,
     expand_secret_references,
 )
+from pytest_specdecode.servers.build import BuildKey, build_key
 from pytest_specdecode.servers.launcher import Launcher, ServerIdentity, wait_port_free
+from pytest_specdecode.servers.ports import process_cmdline
 from pytest_specdecode.servers.subprocess import (
     SubprocessLauncher,
     process_alive,
-    process_cmdline,
     stop_process_group,
 )
 
@@ -83,6 +84,62 @@ def make_launcher(
         log_path=log_path,
         kind=profile.launcher,
     )
+
+
+def build_of(profile: ServerProfile, env: Mapping[str, str]) -> BuildKey:
+    """The build a launch of ``profile`` would run (:mod:`pytest_specdecode.servers.build`):
+    what may be reused is a server of the same fingerprint *and* build. What cannot be
+    resolved here (no engine, no binary) stays unknown; the launch then fails on its own."""
+    binary = image_id = None
+    if profile.llamacpp is not None:
+        try:
+            binary = resolve_binary(profile.llamacpp.binary, env, source=profile.source)
+        except ConfigError:
+            binary = None
+    if profile.launcher == "docker" and profile.docker is not None:
+        image_id = _image_id(profile.docker.image)
+    launch_env = (
+        profile.launch_env({}) if profile.launcher == "docker" else _launch_env(profile, env)
+    )
+    return build_key(
+        profile.launcher,
+        python=profile.python,
+        launch_env=launch_env,
+        image=profile.docker.image if profile.docker else None,
+        image_id=image_id,
+        binary=binary,
+    )
+
+
+def _launch_env(profile: ServerProfile, env: Mapping[str, str]) -> dict[str, str]:
+    try:
+        return profile.launch_env(env)
+    except ConfigError:  # bad CUDA_VISIBLE_DEVICES: the launch reports it
+        return dict(env)
+
+
+def _image_id(image: str) -> str | None:
+    try:
+        from pytest_specdecode.servers.docker import connect
+
+        client = connect()
+        try:
+            return str(client.images.get(image).id)
+        finally:
+            client.close()
+    except Exception:  # no engine or no image: the launch says which, with its own message
+        return None
+
+
+def identity_serves(identity: ServerIdentity) -> bool | None:
+    """Whether the recorded server still holds its port (``None``: cannot tell): a server kept
+    by an earlier session that died, its port then taken by another, must not be reused."""
+    pid, port = identity.get("pid"), identity.get("port")
+    if identity.get("kind") == "docker" or not isinstance(pid, int) or not isinstance(port, int):
+        return None
+    from pytest_specdecode.servers.ports import session_holds_port
+
+    return session_holds_port(pid, port)
 
 
 def identity_alive(identity: ServerIdentity) -> bool:

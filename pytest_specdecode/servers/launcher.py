@@ -44,6 +44,13 @@ class Launcher(Protocol):
 
     def identity(self) -> ServerIdentity: ...
 
+    def serves_port(self) -> bool | None:
+        """Whether the process listening on the server's port is this launch's (``True``),
+        another's or nobody's (``False``), or cannot be told from here (``None``): a 200 on the
+        port proves only that *a* server is ready there
+        (:mod:`pytest_specdecode.servers.ports`)."""
+        ...
+
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
     """The command line as it may be logged: values of credential flags (``--api-key``,

@@ -40,10 +40,28 @@ from filelock import FileLock
 from pytest_specdecode import net
 from pytest_specdecode.backends import backend_for
 from pytest_specdecode.errors import ConfigError, ServerError, ServerStartError, SpecdecodeError
-from pytest_specdecode.servers.factory import identity_alive, make_launcher, stop_identity
-from pytest_specdecode.servers.launcher import Launcher, ServerIdentity, find_free_port
+from pytest_specdecode.servers.build import BuildKey
+from pytest_specdecode.servers.factory import (
+    build_of,
+    identity_alive,
+    identity_serves,
+    make_launcher,
+    stop_identity,
+)
+from pytest_specdecode.servers.launcher import (
+    Launcher,
+    ServerIdentity,
+    find_free_port,
+    port_in_use,
+)
+from pytest_specdecode.servers.ports import describe_holders
 from pytest_specdecode.servers.preflight import preflight
-from pytest_specdecode.servers.readiness import LogTail, Progress, wait_until_ready
+from pytest_specdecode.servers.readiness import (
+    DEFAULT_READY_GRACE,
+    LogTail,
+    Progress,
+    wait_until_ready,
+)
 from pytest_specdecode.servers.state import Entry, Owner, StateFile, lease_key
 
 if TYPE_CHECKING:
@@ -143,6 +161,7 @@ class ServerPool:
         warmup: Callable[[ServerHandle], None] | None = None,
         stop_grace: float = 30.0,
         poll_interval: float = 0.5,
+        ready_grace: float = DEFAULT_READY_GRACE,
     ) -> None:
         self.state = StateFile(state_dir)
         self.log_dir = log_dir
@@ -156,13 +175,31 @@ class ServerPool:
         self._warmup = warmup
         self.stop_grace = stop_grace
         self.poll_interval = poll_interval
+        self.ready_grace = ready_grace  # a server that logged "ready" may stay silent this long
         self._lease = lease_key(run_id, worker)
         self._handles: dict[str, ServerHandle] = {}
         self._demand: Counter[str] | None = None
         self._failures: dict[str, ServerError] = {}
         self._gpu_locks: dict[str, FileLock] = {}
         self._held: dict[str, ServerProfile] = {}  # leases kept for this process's next test
+        self._builds: dict[str, BuildKey] = {}
+        self._told: set[str] = set()  # other builds already named on the terminal
         self.counts = ServerCounts()
+
+    # -- which server is which -------------------------------------------------------------
+
+    def build_for(self, profile: ServerProfile) -> BuildKey:
+        """The build a launch of ``profile`` runs here (computed once per process)."""
+        build = self._builds.get(profile.name)
+        if build is None:
+            build = self._builds[profile.name] = build_of(profile, self.env)
+        return build
+
+    def key_for(self, profile: ServerProfile) -> str:
+        """The state file's key of ``profile``'s server: fingerprint and build. A server is
+        reused only under the same key: same configuration, same SGLang (or image, or binary),
+        same speed-relevant environment."""
+        return f"{profile.fingerprint().digest}-{self.build_for(profile).key}"
 
     # -- demand --------------------------------------------------------------------------
 
@@ -190,7 +227,7 @@ class ServerPool:
         """The server crashed while measured: later tests of this run fail fast with ``error``."""
         self._failures[profile.name] = error
         self.counts.failed[profile.name] += 1
-        digest = profile.fingerprint().digest
+        digest = self.key_for(profile)
         with self.state.edit() as entries:
             entry = entries.get(digest)
             if entry is not None:
@@ -210,7 +247,7 @@ class ServerPool:
         if hold:
             self._held[profile.name] = profile
             with self.state.edit() as entries:
-                entry = entries.get(profile.fingerprint().digest)
+                entry = entries.get(self.key_for(profile))
                 if entry is not None:
                     entry.last_used_unix = time.time()
         else:
@@ -236,7 +273,7 @@ class ServerPool:
 
     def _drop_lease(self, profile: ServerProfile) -> None:
         with self.state.edit() as entries:
-            entry = entries.get(profile.fingerprint().digest)
+            entry = entries.get(self.key_for(profile))
             if entry and entry.leases.get(self._lease, 0) > 0:
                 entry.leases[self._lease] -= 1
                 if entry.leases[self._lease] == 0:
@@ -256,7 +293,7 @@ class ServerPool:
                 self._drop_held(profile)
 
     def _acquire(self, profile: ServerProfile) -> ServerHandle:
-        digest = profile.fingerprint().digest
+        digest = self.key_for(profile)
         waiting_since: float | None = None
         while True:
             plan = self._plan(profile, digest)
@@ -306,10 +343,23 @@ class ServerPool:
             else:
                 found = None
                 self._held.pop(profile.name, None)  # its server is gone, and so is the lease
-                conflicts = [
+                others = [e for e in entries.values() if e.digest != digest]
+                conflicts = [e for e in others if _overlap(e.gpus, profile.gpus)]
+                fingerprint = profile.fingerprint().digest
+                for other in others:
+                    if other.fingerprint == fingerprint and other.digest not in self._told:
+                        self._told.add(other.digest)
+                        self._emit(self._other_build(profile, other))
+                # Another build of this profile on no shared GPUs (the simulator): stopped when
+                # idle, left to its session when in use; either way ours is a server of its own.
+                conflicts += [
                     e
-                    for e in entries.values()
-                    if e.digest != digest and _overlap(e.gpus, profile.gpus)
+                    for e in others
+                    if e.fingerprint == fingerprint
+                    and e not in conflicts
+                    and e.status != "loading"
+                    and not e.live_leases()
+                    and not (e.owner and e.owner.run != self.run_id and e.owner.alive())
                 ]
                 for other in conflicts:
                     if other.status == "loading" or other.live_leases():
@@ -326,6 +376,8 @@ class ServerPool:
                 url = f"http://{_connect_host(profile.host)}:{port}"
                 entries[digest] = Entry(
                     digest=digest,
+                    fingerprint=profile.fingerprint().digest,
+                    build=dict(self.build_for(profile).parts),
                     profile=profile.name,
                     url=url,
                     identity={},
@@ -342,9 +394,25 @@ class ServerPool:
             self._stop_entry(other, reason=f"{profile.name} needs GPUs {list(profile.gpus)}")
         return ("launch", port, url)
 
+    def _other_build(self, profile: ServerProfile, other: Entry) -> str:
+        """Why the running server of the same configuration is not reused."""
+        build = self.build_for(profile)
+        diffs = "; ".join(build.differences(other.build)) or "recorded by an older plugin"
+        return (
+            f"{profile.name}: not reusing the server at {other.url}: it runs the same "
+            f"configuration but another build ({diffs}); this session launches "
+            f"{build.describe()}"
+        )
+
     def _adopt(self, profile: ServerProfile, entry: Entry) -> ServerHandle | None:
-        """Reuse a recorded ready server if it still answers; otherwise forget and stop it."""
-        if _healthy(entry.url, _api_key(profile, self.env)):
+        """Reuse a recorded ready server if it still answers and still holds its port;
+        otherwise forget and stop it."""
+        if identity_serves(entry.identity) is False:
+            self._emit(
+                f"{profile.name}: the recorded server (pid {entry.identity.get('pid')}) no longer "
+                f"holds {entry.url}; {describe_holders(int(entry.identity['port']))} does"
+            )
+        elif _healthy(entry.url, _api_key(profile, self.env)):
             handle = ServerHandle(
                 profile=profile,
                 base_url=entry.url,
@@ -378,6 +446,7 @@ class ServerPool:
             with self.state.edit() as entries:
                 entries.pop(digest, None)
             raise ServerStartError(f"server {profile.name!r} cannot be started: {exc}") from None
+        self._check_port_free(profile, digest, launcher)
         if self.preflight and profile.launcher == "sglang":
             self._preflight(profile, port, digest)
         self.counts.launched[profile.name] += 1
@@ -399,7 +468,9 @@ class ServerPool:
                     api_key=api_key,
                     on_progress=self._on_progress,
                     paths=backend.health_paths,
+                    ready_grace=self.ready_grace,
                 )
+            self._check_ours(profile, launcher, ready)
             handle = ServerHandle(
                 profile=profile,
                 base_url=launcher.base_url,
@@ -447,6 +518,62 @@ class ServerPool:
         self._handles[profile.name] = handle
         return handle
 
+    def _check_port_free(self, profile: ServerProfile, digest: str, launcher: Launcher) -> None:
+        """A port someone already listens on is an error now, naming who, not a 200 from the
+        wrong server later (SGLang binds its port last, after a load of minutes)."""
+        url = urlsplit(launcher.base_url)
+        host, port = url.hostname or "127.0.0.1", url.port or 0
+        if not port_in_use(host, port):
+            return
+        with self.state.edit() as entries:
+            entries.pop(digest, None)
+            recorded = [e for e in entries.values() if urlsplit(e.url).port == port]
+        holder = (
+            describe_holders(port)
+            if host in ("127.0.0.1", "localhost", "::1")
+            else (f"a server on {host}")
+        )
+        also = "".join(
+            f"; it is the server pytest-specdecode recorded for profile {e.profile!r} ({e.status})"
+            for e in recorded
+        )
+        choice = (
+            f"the profile's port = {profile.port} ({profile.source or profile.name})"
+            if profile.port
+            else "the chosen port"
+        )
+        self.counts.failed[profile.name] += 1
+        raise ServerStartError(
+            f"server {profile.name!r} cannot be launched on {launcher.base_url}: "
+            f"{choice} is already in use by {holder}{also}. Stop that server, give the profile "
+            "another port, or leave port unset to have a free one chosen"
+        )
+
+    def _check_ours(self, profile: ServerProfile, launcher: Launcher, ready: float) -> None:
+        """The server that answered the health probe must be the one launched: its process
+        (or container) holds the port. Another server that took the port meanwhile answered
+        while ours was loading."""
+        ours = launcher.serves_port()
+        if ours is None:
+            self._emit(
+                f"{profile.name}: cannot prove that the server answering at "
+                f"{launcher.base_url} is the one launched (its listener is not visible from "
+                "here); measuring it"
+            )
+            return
+        if ours:
+            return
+        port = urlsplit(launcher.base_url).port or 0
+        raise ServerStartError(
+            f"server {profile.name!r}: a server answered at {launcher.base_url} after "
+            f"{ready:.1f}s, but not the one launched: port {port} is held by "
+            f"{describe_holders(port)}, while ours (still running: "
+            f"{launcher.exit_code() is None}) does not listen there. Stop the other server, "
+            "or give the profile another port",
+            log_path=str(launcher.log_path),
+            log_tail=LogTail(launcher.log_path).tail(),
+        )
+
     def _preflight(self, profile: ServerProfile, port: int, digest: str) -> None:
         """SGLang's own argument handling on the launch command, in the server's interpreter,
         before the load (:mod:`pytest_specdecode.servers.preflight`)."""
@@ -481,7 +608,7 @@ class ServerPool:
         the same GPUs at once and nobody measures while the same GPUs are loading.
         """
         names = [f"gpu-{g}" for g in sorted(profile.gpus)] or [
-            f"server-{digest or profile.fingerprint().digest}"
+            f"server-{digest or self.key_for(profile)}"
         ]
         with contextlib.ExitStack() as stack:
             for name in names:  # sorted: every process takes them in the same order
@@ -496,7 +623,7 @@ class ServerPool:
     # -- stopping ------------------------------------------------------------------------
 
     def _stop_profile(self, profile: ServerProfile, *, reason: str) -> None:
-        digest = profile.fingerprint().digest
+        digest = self.key_for(profile)
         with self.state.edit() as entries:
             entry = entries.get(digest)
             if entry is not None:
@@ -566,7 +693,7 @@ class ServerPool:
         for name, handle in list(self._handles.items()):
             if handle.origin == "attached":
                 continue
-            digest = handle.profile.fingerprint().digest
+            digest = self.key_for(handle.profile)
             if name == keep:
                 with self.state.edit() as entries:
                     if digest in entries:

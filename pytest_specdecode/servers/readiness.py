@@ -21,9 +21,16 @@ from pathlib import Path
 import httpx
 
 from pytest_specdecode import net
-from pytest_specdecode.errors import ServerStartError, ServerTimeoutError
+from pytest_specdecode.errors import ServerHungError, ServerStartError, ServerTimeoutError
 
 LOG_TAIL_LINES = 50
+READY_PHASE = "ready"
+"""The phase a backend's last log line starts: the server says it serves (SGLang's "fired up
+and ready to roll", llama-server's "listening on")."""
+DEFAULT_READY_GRACE = 60.0
+"""Seconds a server that logged it is ready may leave its health probe unanswered before it
+counts as hung: real SGLang 0.5.15 answers ``/health_generate`` within about a second of its
+"fired up" line, and its own health check gives up after 20 s."""
 
 
 class LogTail:
@@ -102,13 +109,17 @@ def wait_until_ready(
     probe_timeout: float = 5.0,
     transport: httpx.BaseTransport | None = None,
     paths: Sequence[str] = ("/health_generate", "/health"),
+    ready_grace: float = DEFAULT_READY_GRACE,
 ) -> float:
     """Block until the server answers its health probe with 200; return the seconds waited.
 
     ``paths`` are the probes in order of preference: a 404 moves on to the next.
     Raises :class:`ServerStartError` when ``exit_code()`` reports an exit (or the server rejects
-    the API key), :class:`ServerTimeoutError` after ``timeout`` seconds. Both carry the last
-    :data:`LOG_TAIL_LINES` log lines and the log's path.
+    the API key), :class:`ServerHungError` when the log has said "ready" for ``ready_grace``
+    seconds but the probe still gets no 200 (a server frozen right after its load must not
+    hold the session for the rest of a 30-minute startup timeout), :class:`ServerTimeoutError`
+    after ``timeout`` seconds. All carry the last :data:`LOG_TAIL_LINES` log lines and the
+    log's path.
     """
     start = time.monotonic()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -118,6 +129,8 @@ def wait_until_ready(
     def tail() -> list[str]:
         return log.tail() if log else []
 
+    ready_since: float | None = None
+    last = "no answer yet"
     with httpx.Client(
         base_url=base_url,
         headers=headers,
@@ -138,11 +151,17 @@ def wait_until_ready(
                 )
             if on_progress:
                 on_progress(Progress(name=name, elapsed=elapsed, phase=phase, timeout=timeout))
+            if phase == READY_PHASE and ready_since is None:
+                ready_since = time.monotonic()
             try:
                 response = http.get(paths[0])
-            except httpx.TransportError:
-                pass  # the port opens only after weights and CUDA graphs are loaded
+            except httpx.TimeoutException:
+                last = f"timed out after {probe_timeout:g}s"
+            except httpx.TransportError as exc:
+                # the port opens only after weights and CUDA graphs are loaded
+                last = f"{type(exc).__name__}"
             else:
+                last = f"HTTP {response.status_code}"
                 if response.status_code == 200:
                     return time.monotonic() - start
                 if response.status_code == 404 and len(paths) > 1:
@@ -156,6 +175,15 @@ def wait_until_ready(
                         log_path=log_path,
                         log_tail=tail(),
                     )
+            if ready_since is not None and time.monotonic() - ready_since >= ready_grace:
+                quiet = time.monotonic() - ready_since
+                raise ServerHungError(
+                    f"{name} logged that it is ready {quiet:.0f}s ago, but GET {paths[0]} has "
+                    f"not answered 200 since (last probe: {last}): the server is hung. Its log "
+                    "tail follows; --specdecode-stall-timeout sets how long to wait",
+                    log_path=log_path,
+                    log_tail=tail(),
+                )
             if elapsed >= timeout:
                 raise ServerTimeoutError(
                     f"{name} was not ready after {elapsed:.0f}s (startup_timeout {timeout:g}s); "

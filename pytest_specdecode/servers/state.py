@@ -38,6 +38,8 @@ class Owner:
 
 @dataclass
 class Entry:
+    # The server's key: its fingerprint digest and its build (ServerPool.key_for); two launches
+    # of one profile by different builds are different servers and never stand for each other.
     digest: str
     profile: str
     url: str
@@ -50,6 +52,8 @@ class Entry:
     last_used_unix: float = field(default_factory=time.time)
     leases: dict[str, int] = field(default_factory=dict)  # "run:worker:pid" -> count
     error: str | None = None
+    fingerprint: str = ""  # the profile's fingerprint digest alone
+    build: dict[str, Any] = field(default_factory=dict)  # BuildKey.parts, for messages
 
     def live_leases(self) -> dict[str, int]:
         return {key: n for key, n in self.leases.items() if n > 0 and lease_alive(key)}

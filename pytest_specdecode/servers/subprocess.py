@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pytest_specdecode.errors import ServerStartError
 from pytest_specdecode.servers.launcher import ServerIdentity, redact_argv, wait_port_free
+from pytest_specdecode.servers.ports import session_holds_port
 
 
 class SubprocessLauncher:
@@ -92,6 +93,13 @@ class SubprocessLauncher:
         stop_process_group(self._proc.pid, grace=grace, wait=self._proc.wait)
         wait_port_free(self.host, self.port, timeout=30.0)
 
+    def serves_port(self) -> bool | None:
+        if self._proc is None:
+            return None
+        # start_new_session: the server leads a session whose id is its pid, and its children
+        # (SGLang's schedulers, the detokenizer) stay in it.
+        return session_holds_port(self._proc.pid, self.port)
+
     def identity(self) -> ServerIdentity:
         return {
             "kind": self.kind,
@@ -161,14 +169,6 @@ def process_alive(pid: int) -> bool:
             return True
         return True
     return _state(pid) not in ("Z", "X", None)
-
-
-def process_cmdline(pid: int) -> str | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 def _state(pid: int) -> str | None:

@@ -28,6 +28,7 @@ FAULT_KINDS = (
     "exit-during-load",
     "crash-after:N",
     "hang",
+    "hang-after:N",
     "http-500",
     "malformed-sse",
     "flap-health",
@@ -178,11 +179,11 @@ def _non_negative_float(text: str) -> float:
 
 
 def _fault(text: str) -> str:
-    if text in FAULT_KINDS or re.fullmatch(r"crash-after:\d+", text):
+    if text in FAULT_KINDS or re.fullmatch(r"(crash|hang)-after:\d+", text):
         return text
     raise argparse.ArgumentTypeError(
         f"unknown fault {text!r}; choose one of {', '.join(FAULT_KINDS)} "
-        "(N = requests served before the crash)"
+        "(N = requests served before the crash or hang)"
     )
 
 
@@ -292,8 +293,9 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
         metavar="KIND",
         help=(
             "inject a fault: exit-during-load, crash-after:N (die while serving request N+1), "
-            "hang, http-500, malformed-sse, flap-health; all but exit-during-load start after "
-            "the warm-up"
+            "hang (freeze once ready), hang-after:N (freeze, alive, while serving request N+1), "
+            "http-500, malformed-sse, flap-health; all but exit-during-load start after the "
+            "warm-up"
         ),
     )
     sim.add_argument(
@@ -570,7 +572,7 @@ def resolve(
         sim_seed = random.SystemRandom().randint(0, (1 << 30) - 1)
     random_seed = get("random_seed", sim_seed)
     crash_after = None
-    if ns["sim_fault"] and ns["sim_fault"].startswith("crash-after:"):
+    if ns["sim_fault"] and re.match(r"(crash|hang)-after:", ns["sim_fault"]):
         crash_after = int(ns["sim_fault"].split(":", 1)[1])
     launch_seed = ns["sim_launch_seed"]
     if launch_seed is None:

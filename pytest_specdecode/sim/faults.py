@@ -76,7 +76,8 @@ class FaultState:
     """Which fault is injected and whether it is armed (after the warm-up)."""
 
     def __init__(self, fault: str | None, crash_after: int | None) -> None:
-        self.kind = "crash-after" if crash_after is not None else fault
+        # crash-after:N and hang-after:N share the count; the kind says what request N+1 does
+        self.kind = fault.split(":", 1)[0] if fault and crash_after is not None else fault
         self.fault = fault
         self._crash_after = crash_after
         self.armed = False

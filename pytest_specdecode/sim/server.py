@@ -244,6 +244,8 @@ class SimServer:
     def _crash(self, seq: Sequence) -> None:
         # Stop producing tokens first, so the doomed request is still being served at the kill.
         self.engine.freeze()
+        if self.faults.kind == "hang-after":
+            return  # alive and listening, and never another token: a hung scheduler
         self.faults.crash_while_serving()
 
     async def updates(

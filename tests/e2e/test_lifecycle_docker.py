@@ -364,6 +364,9 @@ def test_the_plugin_runs_the_sim_image_in_a_container_and_removes_it(
         [f"*{profile_name}: starting (docker)*", f"*{profile_name} (simulated)*RECORDED*"]
     )
     assert containers_of(engine, profile_name) == []  # stopped and removed after its last test
+    # the container's processes were seen holding the port: the server measured is the one
+    # launched (issue 12.1), not merely a server answering there
+    assert "cannot prove that the server answering" not in recorded.stdout.str()
 
     kept = project.run(*argv, "--specdecode-keep-server")
     kept.assert_outcomes(passed=1)

@@ -8,6 +8,7 @@ a failing fixture or a killed pytest never leave a server process behind.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -251,9 +252,15 @@ class _Reader:
 
 
 def start_pytest(project, *args: str) -> tuple[subprocess.Popen[str], _Reader]:
+    # The environment pytester's own runs get (it puts its directory first on PYTHONPATH): a
+    # server launched with another PYTHONPATH is another build, which the next run would not
+    # reuse.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", *args],
         cwd=project.path,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -75,6 +75,23 @@ def test_hang_accepts_requests_but_never_answers(start_sim: StartSim) -> None:
     assert sim.proc.poll() is None
 
 
+def test_hang_after_n_serves_n_then_freezes_mid_stream_and_stays_alive(
+    start_sim: StartSim,
+) -> None:
+    sim = start_sim("--sim-fault", "hang-after:1", env={"SGLANG_HEALTH_CHECK_TIMEOUT": "1"})
+    with sim.client(timeout=httpx.Timeout(5.0, read=1.5)) as client:
+        short = {"text": "x", "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}
+        assert client.post("/generate", json=short).status_code == 200
+        received: list[Any] = []
+        payload = {"text": "frozen", "stream": True, "sampling_params": LONG}
+        with pytest.raises(httpx.ReadTimeout):  # a few tokens, then silence
+            read_stream(client, payload, received)
+        assert received, "a few tokens are streamed before the hang"
+        assert client.get("/health_generate", timeout=10).status_code == 503
+    assert sim.proc.poll() is None  # alive and listening: hung, not crashed
+    assert "illegal memory access" not in sim.log()
+
+
 def test_http_500_on_generate_and_completions(start_sim: StartSim) -> None:
     sim = start_sim("--sim-fault", "http-500")
     with sim.client() as client:
