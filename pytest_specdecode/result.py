@@ -1,8 +1,14 @@
-"""What one measured test produced: its samples, checks, outcome and provenance.
+"""What one test produced: its samples, checks, outcome and provenance, or why it errored.
 
 A :class:`SpecdecodeResult` is the contract between measuring (``session``) and writing down
 (``outputs/``): plain data, JSON-serialisable, so xdist workers can send it to the controller and
 the report writers never need the server pool or the HTTP client.
+
+A test that errored or crashed (its server did not start or died, its body raised) is a result
+too, with outcome ERROR and no samples (:meth:`SpecdecodeResult.errored`), so that a night whose
+servers crashed is a row in every report instead of a gap. A test that was judged and errored
+afterwards (its body failed after ``specdecode.measure()``, its teardown raised) keeps its
+verdict as the outcome; ``error`` says what else went wrong.
 """
 
 from __future__ import annotations
@@ -14,6 +20,26 @@ from typing import Any
 
 from pytest_specdecode.fingerprint import Fingerprint
 from pytest_specdecode.verdict import Check, Outcome
+
+
+@dataclass(frozen=True)
+class TestError:
+    """Why a test errored: when pytest saw it, the exception's type, its message's first line
+    (the whole message, a server's log tail included, is in pytest's own failure section)."""
+
+    __test__ = False  # not a test class, whatever pytest's collection makes of the name
+
+    phase: str  # "setup" (e.g. the server did not start), "call" or "teardown"
+    type: str  # e.g. "ServerCrashedError", "AssertionError"
+    cause: str
+
+    def describe(self) -> str:
+        return f"{self.type} in {self.phase}: {self.cause}"
+
+    @classmethod
+    def of(cls, phase: str, exc: BaseException) -> TestError:
+        text = str(exc).strip()
+        return cls(phase=phase, type=type(exc).__name__, cause=text.splitlines()[0] if text else "")
 
 
 @dataclass
@@ -37,6 +63,38 @@ class SpecdecodeResult:
     provenance: dict[str, Any] = field(default_factory=dict)
     launch_runs: list[int] = field(default_factory=list)
     """Runs per server launch (several only for a baseline recorded over several launches)."""
+    error: TestError | None = None
+    """Why the test errored (outcome ERROR), or what went wrong after its verdict; else None."""
+
+    @classmethod
+    def errored(
+        cls,
+        test_id: str,
+        *,
+        profile: str,
+        simulated: bool,
+        hardware_key: str,
+        workload_name: str,
+        workload_hash: str,
+        fingerprint: Fingerprint,
+        error: TestError,
+        server_origin: str = "launched",
+    ) -> SpecdecodeResult:
+        """The row of a test that errored before it had a verdict: no samples, no checks."""
+        return cls(
+            test_id=test_id,
+            profile=profile,
+            simulated=simulated,
+            hardware_key=hardware_key,
+            workload_name=workload_name,
+            workload_hash=workload_hash,
+            fingerprint=fingerprint,
+            samples={},
+            outcome=Outcome.ERROR,
+            message=error.describe(),
+            server_origin=server_origin,
+            error=error,
+        )
 
     @property
     def runs(self) -> int:
@@ -53,6 +111,8 @@ class SpecdecodeResult:
         values = dict(data)
         values["fingerprint"] = Fingerprint.from_json(values["fingerprint"])
         values["outcome"] = Outcome(values["outcome"])
+        if values.get("error") is not None:
+            values["error"] = TestError(**values["error"])
         return cls(**values)
 
 

@@ -1,10 +1,11 @@
 """The nightly history: one JSON line per session, appended, read back for trends.
 
 Each line is a :func:`history_record`: when the session ran, on which commit and hardware, and
-per measured test its outcome, the mean and 95% CI of every metric, and per check the ratio, its
-CI, the verdict and the baseline it was compared with (mean, run-to-run std when known, and the
-margin's threshold in the metric's unit). The layout is versioned
-(:data:`HISTORY_SCHEMA_VERSION`) and described by ``schemas/history.schema.json``.
+per test that was measured or errored its outcome (for an error, its cause), the mean and 95% CI
+of every metric, and per check the ratio, its CI, the verdict and the baseline it was compared
+with (mean, run-to-run std when known, and the margin's threshold in the metric's unit). The
+layout is versioned (:data:`HISTORY_SCHEMA_VERSION`) and described by
+``schemas/history.schema.json``.
 
 Appending is safe from several processes at once (xdist controllers of parallel CI jobs sharing
 a file): each record is one ``write`` of one complete line to a descriptor opened with
@@ -15,6 +16,7 @@ on a fresh line; :func:`read_history` then names that line instead of skipping i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -119,6 +121,7 @@ def _test_record(result: SpecdecodeResult) -> dict[str, Any]:
         "runs": result.runs,
         "metrics": metrics,
         "checks": [_check_record(c) for c in result.checks],
+        "error": dataclasses.asdict(result.error) if result.error is not None else None,
     }
 
 
@@ -127,7 +130,7 @@ def history_record(
 ) -> dict[str, Any]:
     """One session's line: time (``finished_utc`` of ``session_info``, else now), commit,
     hardware (keys, and GPU names and driver from the first result's provenance), target, exit
-    status, and a compact record of every measured test."""
+    status, and a compact record of every test that was measured or errored."""
     info = normalized_session(session_info, results)
     when = info.get("finished_utc") or info.get("started_utc") or datetime.now(timezone.utc)
     git_info = info.get("git")
@@ -279,6 +282,15 @@ def parse_record(line: bytes | str, *, where: str) -> dict[str, Any]:
         for c_index, check in enumerate(test["checks"]):
             if not isinstance(check, dict) or not isinstance(check.get("metric"), str):
                 raise HistoryError(f"{spot}.checks[{c_index}] has no 'metric'; {_REMEDY}")
+        error = test.get("error")
+        if error is not None and not (
+            isinstance(error, dict)
+            and all(isinstance(error.get(key), str) for key in ("phase", "type", "cause"))
+        ):
+            raise HistoryError(
+                f"{spot}.error must be null or an object with string 'phase', 'type' and "
+                f"'cause'; {_REMEDY}"
+            )
     return data
 
 

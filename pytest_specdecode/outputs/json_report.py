@@ -1,7 +1,8 @@
 """Machine-readable output of a session: the JSON report and the JUnit properties of a test.
 
 The JSON report (``--specdecode-report PATH``) holds every measured test with its raw samples,
-checks and verdicts, fingerprint and provenance, plus a per-metric summary (n, mean, std, CV and
+checks and verdicts, fingerprint and provenance, and every test that errored with its cause
+(outcome ``error``), plus a per-metric summary (n, mean, std, CV and
 the 95% t confidence interval of the mean). Its layout is versioned
 (:data:`REPORT_SCHEMA_VERSION`) and described by ``schemas/report.schema.json`` and
 ``docs/reports.md``.
@@ -267,7 +268,8 @@ def check_key(check: Mapping[str, Any]) -> str:
 
 
 def junit_properties(result: SpecdecodeResult) -> list[tuple[str, str]]:
-    """Name/value pairs for ``record_property``: profile, outcome, simulated, runs, per metric
+    """Name/value pairs for ``record_property``: profile, outcome, simulated, runs, the error
+    (type, phase and cause) of a test that errored, per metric
     the mean and its 95% CI (base units: tok/s, tokens/step, seconds), and per check its ratio,
     CI of the ratio, margin and verdict (``not compared`` plus the problem when there was no
     comparison)."""
@@ -279,6 +281,8 @@ def junit_properties(result: SpecdecodeResult) -> list[tuple[str, str]]:
         ("specdecode_hardware_key", result.hardware_key),
         ("specdecode_fingerprint", result.fingerprint.digest),
     ]
+    if result.error is not None:
+        props.append(("specdecode_error", result.error.describe()))
     for name in METRICS:
         values = result.samples.get(name)
         if not values:

@@ -2,9 +2,9 @@
 
 GitHub-flavoured Markdown: a heading, a SIMULATED warning when any figure is simulated, the
 outcome counts, the results table with the same columns and wording as the terminal table
-(:func:`pytest_specdecode.outputs.terminal.results_table`), then the verdict paragraphs of
-every test that failed, was inconclusive, had no baseline or a mismatched one, and the warnings
-of any test.
+(:func:`pytest_specdecode.outputs.terminal.results_table`), then the cause of every test that
+errored or crashed, the verdict paragraphs of every test that failed, was inconclusive, had no
+baseline or a mismatched one, and the warnings of any test.
 
 Free text (verdict paragraphs, warnings, table cells) is escaped so that ``*``, ``<`` or a
 ``|`` in a parametrised test id render literally. GitHub refuses step summaries over 1 MiB, so
@@ -81,6 +81,8 @@ def _detail(result: SpecdecodeResult) -> list[str]:
         text = " ".join(line.strip() for line in paragraph.splitlines() if line.strip())
         if text:
             lines += [f"- {escape(text)}", ""]
+    if result.error is not None and result.outcome is not Outcome.ERROR:
+        lines += [f"- Then errored: {escape(result.error.describe())}", ""]
     return lines
 
 
@@ -104,7 +106,12 @@ def markdown_summary(
     head += [_counts(results), "", markdown_table(results), ""]
 
     sections: list[list[str]] = []
-    notable = [r for r in results if r.outcome in DETAILED]
+    # First, since a crashed server means the night measured less than it should have.
+    errored = [r for r in results if r.error is not None]
+    if errored:
+        sections.append(["### Errored or crashed", ""])
+        sections.extend(_detail(r) for r in errored)
+    notable = [r for r in results if r.outcome in DETAILED and r.error is None]
     if notable:
         sections.append(["### Failed, inconclusive or not compared", ""])
         sections.extend(_detail(r) for r in notable)

@@ -4,11 +4,13 @@
 
 becomes one row per measured test: test and profile, tok/s mean with its 95% CI, the change
 against the test's own baseline with the CI of the ratio, accept length, and the verdict.
+A test that errored or crashed is a row too, ERROR and its cause where the verdict would be.
 Simulated figures are labelled in the title and on every row.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 from tabulate import tabulate
@@ -67,11 +69,24 @@ def _accept(result: SpecdecodeResult) -> str:
     return f"{sum(values) / len(values):.2f}"
 
 
+CAUSE_WIDTH = 80
+"""Characters of an error's cause in a table cell; the details below the table have it all."""
+
+
+def shorten(text: str, width: int = CAUSE_WIDTH) -> str:
+    return textwrap.shorten(text, width=width, placeholder="...")
+
+
 def _verdict(result: SpecdecodeResult) -> str:
+    error = result.error
+    if result.outcome is Outcome.ERROR and error is not None:
+        return "ERROR: " + shorten(error.describe())
     text = result.outcome.value.upper()
     against = [c for c in result.checks if c["reference"] is not None and c.get("verdict")]
     for check in against:
         text += f"; vs {check['reference']} {check['ratio'] - 1:+.1%} {check['verdict'].upper()}"
+    if error is not None:
+        text += f"; then {error.type} in {error.phase}"
     return text
 
 
@@ -106,13 +121,17 @@ def results_table(results: Sequence[SpecdecodeResult]) -> list[str]:
 
 
 def details(results: Sequence[SpecdecodeResult]) -> list[str]:
-    """The verdict paragraphs of tests that did not simply pass, plus their warnings."""
+    """The verdict paragraphs of tests that did not simply pass, the cause of each error, plus
+    their warnings."""
     lines: list[str] = []
     for result in results:
         notable = result.outcome not in (Outcome.PASS, Outcome.RECORDED, Outcome.MEASURED)
-        if notable or result.warnings:
+        late_error = result.error if result.outcome is not Outcome.ERROR else None
+        if notable or result.warnings or late_error is not None:
             lines.append(f"{result.test_id} [{result.profile}]: {result.outcome.value.upper()}")
             if notable:
                 lines.extend("  " + line for line in result.message.splitlines())
+            if late_error is not None:
+                lines.append(f"  then errored: {late_error.describe()}")
             lines.extend(f"  warning: {w}" for w in result.warnings)
     return lines

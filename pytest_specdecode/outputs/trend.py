@@ -15,6 +15,11 @@ is shown ("watch") but not flagged. This is the PyTorch HUD rule ("regression" =
 consecutive violations at the end). Sessions without a judgement neither extend nor break a run:
 a night whose baseline was being re-recorded says nothing about the trend. A flag whose run reaches
 the latest judged session is *ongoing*; the CLI exits 1 when any ongoing regression exists.
+
+A session in which a test errored or crashed (its server did not start or died, its body raised)
+has no judgement either, but it is never hidden: it is ``E`` among the recent outcomes, the status
+of a test whose latest session errored says so with the cause, and the errors are listed under
+the table with their sessions.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_specdecode.outputs.json_report import parse_iso
-from pytest_specdecode.outputs.terminal import SIMULATED_BANNER
+from pytest_specdecode.outputs.terminal import SIMULATED_BANNER, shorten
 
 OUTCOME_LETTERS = {
     "pass": "P",
@@ -37,10 +42,11 @@ OUTCOME_LETTERS = {
     "mismatch": "M",
     "recorded": "R",
     "measured": ".",
+    "error": "E",
 }
 LEGEND = (
     "recent: oldest → newest session; P pass, F fail, I inconclusive, N no baseline, "
-    "M mismatch, R recorded, . measured only"
+    "M mismatch, R recorded, . measured only, E error (errored or crashed, no verdict)"
 )
 
 
@@ -74,6 +80,11 @@ class TrendPoint:
     means: Mapping[str, float]
     cis: Mapping[str, tuple[float, float] | None]
     checks: Mapping[str, CheckPoint]
+    error: str | None = None  # "ServerCrashedError in call: ..." when the test errored
+
+    @property
+    def errored(self) -> bool:
+        return self.outcome == "error"
 
     def check(self, metric: str) -> CheckPoint | None:
         """The check of ``metric`` against the test's own baseline, if there was one."""
@@ -127,6 +138,10 @@ class TrendRow:
             return "REGRESSION: " + ", ".join(
                 f"{f.check} ({f.length} sessions)" for f in regressions
             )
+        latest = self.points[-1]
+        if latest.errored:
+            # the whole cause is listed under the table ("errors:")
+            return f"ERROR in the latest session: {shorten(latest.error or 'no cause recorded')}"
         if self.watch:
             return f"watch: {', '.join(self.watch)} worse in the latest session (not yet flagged)"
         if ongoing:
@@ -147,6 +162,7 @@ class TrendTable:
     sessions: int
     simulated: bool = False
     hardware_keys: tuple[str, ...] = field(default=())
+    errored_sessions: int = 0  # sessions in which at least one test errored or crashed
 
     @property
     def regressed(self) -> tuple[TrendRow, ...]:
@@ -187,6 +203,7 @@ def _point(record: Mapping[str, Any], test: Mapping[str, Any]) -> TrendPoint:
     for name, m in metrics.items():
         low, high = m.get("ci_low"), m.get("ci_high")
         cis[name] = (low, high) if low is not None and high is not None else None
+    error = test.get("error")
     return TrendPoint(
         time=parse_iso(record["time_utc"]),
         commit=record.get("commit"),
@@ -195,6 +212,11 @@ def _point(record: Mapping[str, Any], test: Mapping[str, Any]) -> TrendPoint:
         means={name: float(m["mean"]) for name, m in metrics.items()},
         cis=cis,
         checks=checks,
+        error=(
+            f"{error['type']} in {error['phase']}: {error['cause']}"
+            if isinstance(error, Mapping)
+            else None
+        ),
     )
 
 
@@ -257,6 +279,9 @@ def trend(records: Iterable[Mapping[str, Any]], *, persist: int = 2) -> TrendTab
         sessions=len(ordered),
         simulated=any(r.simulated for r in rows),
         hardware_keys=tuple(sorted({r.hardware_key for r in rows})),
+        errored_sessions=sum(
+            1 for r in ordered if any(t.get("outcome") == "error" for t in r.get("tests", []))
+        ),
     )
 
 
@@ -338,9 +363,14 @@ def format_table(table: TrendTable, *, recent: int = 14) -> list[str]:
         lines.append(SIMULATED_BANNER)
     lines += tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True).splitlines()
     lines.append(LEGEND)
+    errored = (
+        f", {table.errored_sessions} with tests that errored or crashed"
+        if table.errored_sessions
+        else ""
+    )
     lines.append(
-        f"{table.sessions} session(s); a change is flagged after {table.persist} consecutive "
-        "judged sessions"
+        f"{table.sessions} session(s){errored}; a change is flagged after {table.persist} "
+        "consecutive judged sessions"
     )
     flags = [(row, flag) for row in table.rows for flag in row.flags]
     if flags:
@@ -348,5 +378,15 @@ def format_table(table: TrendTable, *, recent: int = 14) -> list[str]:
         lines.append("flags:")
         lines += [
             f"  {_short(row.test_id)} [{row.profile}]: {flag.describe()}" for row, flag in flags
+        ]
+    # The errors of the sessions the "recent" column shows, each with its cause.
+    errors = [(row, point) for row in table.rows for point in row.points[-recent:] if point.errored]
+    if errors:
+        lines.append("")
+        lines.append("errors:")
+        lines += [
+            f"  {_short(row.test_id)} [{row.profile}]: {_day(point.time)}: "
+            f"{point.error or 'no cause recorded'}"
+            for row, point in errors
         ]
     return lines
