@@ -7,14 +7,17 @@ by :mod:`pytest_specdecode.markers`; servers, measurement and verdicts live in
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
+import sys
 import threading
 import time
+import traceback
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,7 +33,7 @@ from pytest_specdecode.outputs.json_report import junit_properties, make_session
 from pytest_specdecode.outputs.write import write_outputs
 from pytest_specdecode.profiles.profile import ALGORITHM_MARKERS
 from pytest_specdecode.redaction import redact_url
-from pytest_specdecode.result import SpecdecodeResult
+from pytest_specdecode.result import SpecdecodeResult, TestError
 from pytest_specdecode.servers.pool import ServerCounts, ServerHandle, finish_run
 from pytest_specdecode.servers.readiness import Progress
 from pytest_specdecode.session import SpecdecodeSession, SpecdecodeTest
@@ -42,6 +45,15 @@ SPEC_KEY = pytest.StashKey[MarkerSpec]()
 TEST_KEY = pytest.StashKey[SpecdecodeTest]()
 NODEID_KEY = pytest.StashKey[str]()  # the test id before xdist's loadgroup adds "@group"
 NEXT_SERVER_KEY = pytest.StashKey[str | None]()  # the profile this process's next test needs
+CAUSE_KEY = pytest.StashKey[BaseException]()  # the error a test failed with, before _fail hid it
+JUDGED_KEY = pytest.StashKey[bool]()  # the verdict is being applied: a failure now is the verdict
+ROW_KEY = pytest.StashKey[SpecdecodeResult]()  # the ERROR row of a test that errored
+OUTBOX_KEY = pytest.StashKey["_Outbox"]()  # an xdist worker's results not yet sent up
+SUMMARY_KEY = pytest.StashKey[bool]()  # the specdecode section of the terminal summary was shown
+WORKER_DOWN_KEY = pytest.StashKey[bool]()  # an xdist worker went down with an error
+
+RESULTS_ATTR = "specdecode_results"
+"""The attribute of a worker's teardown report that carries its results to the controller."""
 
 
 class SpecdecodeWarning(pytest.PytestWarning):
@@ -337,6 +349,7 @@ def specdecode_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
         profile = session.profile(name, where=request.node.nodeid)
         handle = session.server_for(profile)
     except SpecdecodeError as exc:
+        request.node.stash[CAUSE_KEY] = exc  # its type and first line make the ERROR row
         _fail(str(exc))
     try:
         yield handle
@@ -393,12 +406,89 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     try:
         measured = test.measure()
     except SpecdecodeError as exc:
+        item.stash[CAUSE_KEY] = exc
         _fail(str(exc))
     # JUnit XML shows these beside the test (user_properties travel with xdist reports too).
     item.user_properties.extend(junit_properties(measured))
-    _record(item.config, measured)
+    item.stash[JUDGED_KEY] = True
     _apply_outcome(item, test, measured)
     return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A test that errors becomes a row of every report; on an xdist worker, the teardown report
+    carries the results finished since the last one to the controller."""
+    report = yield
+    sd = _session(item.config)
+    if report.failed and SPEC_KEY in item.stash:
+        _note_error(sd, item, report.when, call)
+    if sd.is_xdist_worker and report.when == "teardown":
+        # Sent as each test finishes, not only at the end: a worker whose end of session fails
+        # (another plugin's hook, a crash) has already handed over what it measured.
+        outgoing = item.config.stash.setdefault(OUTBOX_KEY, _Outbox()).take(sd.results)
+        if outgoing:
+            setattr(report, RESULTS_ATTR, outgoing)  # xdist serialises a report's attributes
+    return report
+
+
+def _note_error(sd: SpecdecodeSession, item: pytest.Item, phase: str, call: Any) -> None:
+    """Record why ``item`` failed in ``phase``, unless the failure is its verdict."""
+    if phase == "call" and item.stash.get(JUDGED_KEY, False):
+        return  # FAIL, MISMATCH or a policy's failure: the result says so already
+    cause = item.stash.get(CAUSE_KEY, None)
+    exc = cause if cause is not None else (call.excinfo.value if call.excinfo else None)
+    if exc is None:
+        return  # e.g. a strict xfail that passed: no exception to name
+    error = TestError.of(phase, exc)
+    test = item.stash.get(TEST_KEY, None)
+    if test is not None and test.result is not None:
+        # Judged, then failed (an assertion after specdecode.measure(), a teardown): the
+        # verdict stays the outcome, the error is shown beside it.
+        if test.result.error is None:
+            test.result.error = error
+            # pytest's JUnit XML reads the teardown report's properties, taken from the item
+            item.user_properties.append(("specdecode_error", error.describe()))
+        return
+    if ROW_KEY in item.stash:
+        return  # the first error is the cause; a teardown failing after it adds nothing
+    spec = item.stash[SPEC_KEY]
+    nodeid = item.stash.get(NODEID_KEY, item.nodeid)
+    profile = sd.profile(spec.server or "", where=nodeid)  # both checked at collection
+    workload = sd.workload(spec.workload, where=nodeid)
+    row = SpecdecodeResult.errored(
+        nodeid,
+        profile=profile.name,
+        simulated=profile.simulated,
+        hardware_key=sd.hardware_key(profile.simulated),
+        workload_name=workload.name,
+        workload_hash=workload.content_hash(),
+        fingerprint=profile.fingerprint(),
+        error=error,
+        server_origin="attached" if sd.settings.server_host else "launched",
+    )
+    item.stash[ROW_KEY] = row
+    sd.results.append(row)
+    item.user_properties.extend(junit_properties(row))
+
+
+class _Outbox:
+    """What an xdist worker has sent up, so each teardown report carries only what is new or
+    changed (a baseline's later launches add runs to a result already sent)."""
+
+    def __init__(self) -> None:
+        self._sent: dict[int, dict[str, Any]] = {}
+
+    def take(self, results: list[SpecdecodeResult]) -> list[dict[str, Any]]:
+        outgoing = []
+        for index, result in enumerate(results):
+            data = result.to_json()
+            if self._sent.get(index) != data:
+                self._sent[index] = data
+                outgoing.append({"index": index, "result": data})
+        return outgoing
 
 
 def _record(config: pytest.Config, result: SpecdecodeResult) -> None:
@@ -445,16 +535,37 @@ def _warn(item: pytest.Item, message: str) -> None:
 # -- end of session ------------------------------------------------------------------------
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> Generator[None, None, None]:
+    """Save the measurements before any other plugin's ``pytest_sessionfinish`` runs (this is
+    the outermost wrapper), so that another plugin's failure there cannot lose them (#12): the
+    baselines and reports are written, or a worker's results are on their way to the
+    controller. Such a failure then fails the session with a line naming it, instead of a
+    crash that also swallows the summary."""
+    sd = _session(session.config)
+    _save_measurements(session, sd)
+    try:
+        return (yield)
+    except Exception as exc:
+        if sd.is_xdist_worker:
+            raise  # its results went up before; the worker's end is xdist's to report
+        _other_plugin_failed(session, sd, exc)
+        return None
+
+
+def _save_measurements(session: pytest.Session, sd: SpecdecodeSession) -> None:
     config = session.config
-    sd = _session(config)
     try:
         if sd.settings.update_baselines:
             sd.finish_launches()
         if sd.is_xdist_worker:
-            workeroutput: dict[str, Any] = getattr(config, "workeroutput", {})
-            workeroutput["specdecode_results"] = [r.to_json() for r in sd.results]
-            return
+            return  # the finally below sends the results up
+        if config.stash.get(WORKER_DOWN_KEY, False):
+            # xdist replaces a worker that crashed after its tests and exits 0; what it had
+            # measured is kept (see _Outbox), but a night with a crashed worker is not a pass.
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        for result in sd.results:
+            _record(config, result)  # before pytest-benchmark's own hook writes its JSON
         if sd.settings.update_baselines:
             updates, errors = sd.write_baselines(sd.results)
             for update in updates:
@@ -478,7 +589,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     finally:
         sd.close()
         if sd.is_xdist_worker:
-            workeroutput = getattr(config, "workeroutput", {})
+            # What the teardown reports have not carried up: results of the profiles whose
+            # remaining baseline launches ran just now.
+            workeroutput: dict[str, Any] = getattr(config, "workeroutput", {})
+            outbox = config.stash.setdefault(OUTBOX_KEY, _Outbox())
+            workeroutput["specdecode_results"] = outbox.take(sd.results)
             workeroutput["specdecode_servers"] = sd.pool.counts.to_json()
         else:
             sd.servers.add(sd.pool.counts)
@@ -517,10 +632,74 @@ def _write_outputs(session: pytest.Session, sd: SpecdecodeSession) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def _other_plugin_failed(session: pytest.Session, sd: SpecdecodeSession, exc: Exception) -> None:
+    """Another plugin's ``pytest_sessionfinish`` raised: show its traceback as pytest shows
+    any plugin's internal error, fail the session, and give the summary it kept from being
+    printed, so the user still sees what was measured and written."""
+    config = session.config
+    config.notify_exception(pytest.ExceptionInfo.from_exception(exc), config.option)
+    session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+    line = (
+        f"ERROR: {_failed_hook(config, exc)}, so this session fails (exit status "
+        f"{int(pytest.ExitCode.INTERNAL_ERROR)}). pytest-specdecode wrote its baselines and "
+        "reports before that hook ran (listed above); fix what the traceback above names, or "
+        "run without that plugin"
+    )
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        sys.stderr.write(line + "\n")
+        return
+    if not config.stash.get(SUMMARY_KEY, False):
+        _write_summary(reporter, sd)
+    reporter.write_line(line, red=True, bold=True)
+
+
+def _failed_hook(config: pytest.Config, exc: BaseException) -> str:
+    """Whose ``pytest_sessionfinish`` raised ``exc``: the innermost frame of that name in its
+    traceback, named by the distribution that installed the plugin (as pytest's header lists
+    plugins), else the plugin's registered name, else the file."""
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if f.name == "pytest_sessionfinish"
+    ]
+    first = TestError.of("sessionfinish", exc)
+    what = f"{first.type}: {first.cause}"
+    if not frames:
+        return f"another plugin's pytest_sessionfinish raised {what}"
+    frame = frames[-1]
+    where = Path(frame.filename).resolve()
+    owner: str | None = None
+    for plugin, dist in config.pluginmanager.list_plugin_distinfo():
+        if _plugin_file(plugin) == where:
+            owner = f"{dist.project_name} {dist.version}"
+    if owner is None:
+        owner = next(
+            (
+                f"plugin {name!r}"
+                for name, plugin in config.pluginmanager.list_name_plugin()
+                if plugin is not None and _plugin_file(plugin) == where
+            ),
+            "a plugin",
+        )
+    return f"pytest_sessionfinish of {owner} ({frame.filename}:{frame.lineno}) raised {what}"
+
+
+def _plugin_file(plugin: object) -> Path | None:
+    try:
+        source = inspect.getfile(plugin if inspect.ismodule(plugin) else type(plugin))
+    except TypeError:  # a built-in
+        return None
+    return Path(source).resolve()
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     sd = _session(config)
     if sd.is_xdist_worker:
         return
+    config.stash[SUMMARY_KEY] = True
+    _write_summary(terminalreporter, sd)
+
+
+def _write_summary(terminalreporter: Any, sd: SpecdecodeSession) -> None:
     results, updates, outputs = sd.results, sd.updates, sd.output_lines
     servers = sd.servers.describe()
     if not results and not updates and not servers and not outputs and not sd.warnings:
@@ -551,21 +730,45 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 class _XdistHooks:
     """Hooks that exist only when pytest-xdist is installed (pytest's "DeferPlugin" recipe)."""
 
-    def __init__(self, session: SpecdecodeSession) -> None:
-        self._session = session
-
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput["specdecode_run_id"] = self._session.run_id
         # pytest_xdist_make_scheduler below turns --dist load into loadgroup scheduling.
         node.workerinput["specdecode_loadgroup"] = node.config.getvalue("dist") == "load"
 
+    def __init__(self, session: SpecdecodeSession) -> None:
+        self._session = session
+        self._received: dict[tuple[str, int], int] = {}  # (worker, its index) -> our index
+
+    def _receive(self, worker: str, entries: list[dict[str, Any]]) -> None:
+        """A worker's results (see _Outbox): new ones appended, changed ones replaced."""
+        results = self._session.results
+        for entry in entries:
+            result = SpecdecodeResult.from_json(entry["result"])
+            key = (worker, int(entry["index"]))
+            if key in self._received:
+                results[self._received[key]] = result
+            else:
+                self._received[key] = len(results)
+                results.append(result)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        entries = getattr(report, RESULTS_ATTR, None)
+        if entries and not self._session.is_xdist_worker:
+            self._receive(str(getattr(report, "worker_id", "")), entries)
+
     def pytest_testnodedown(self, node: Any, error: object) -> None:
         output = getattr(node, "workeroutput", {}) or {}
-        config = node.config
-        for data in output.get("specdecode_results", []):
-            result = SpecdecodeResult.from_json(data)
-            self._session.results.append(result)
-            _record(config, result)
+        worker = str(node.workerinput["workerid"])
+        self._receive(worker, output.get("specdecode_results", []))
+        if error is not None:
+            lines = [line for line in str(error).splitlines() if line.strip()]
+            last = lines[-1] if lines else repr(error)  # a traceback's last line names it
+            node.config.stash[WORKER_DOWN_KEY] = True
+            self._session.output_lines.append(
+                f"ERROR: xdist worker {worker} went down: {last} "
+                "(its traceback is above), so this session fails; the results it had sent "
+                "before are kept"
+            )
         self._session.servers.add(ServerCounts.from_json(output.get("specdecode_servers", {})))
 
     @pytest.hookimpl(tryfirst=True)
