@@ -8,19 +8,13 @@ from the server log files under pytest's basetemp (one per launch).
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-
-from pytest_specdecode.servers.launcher import find_free_port
-from pytest_specdecode.servers.readiness import wait_until_ready
+from hand_started import EAGLE3, hand_started_sim
 
 FAST = '["--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1"]'
 RUNS = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
@@ -568,31 +562,9 @@ def test_attached(): pass
 def attached_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A simulated server this test module runs itself (as an operator would), matching the
     ``eagle3`` profile of ATTACH_PROFILES; its ``HOST:PORT``."""
-    port = find_free_port()
     log = tmp_path_factory.mktemp("attached") / "server.log"
-    argv = [
-        sys.executable, "-m", "pytest_specdecode.sim",
-        "--model-path", "/models/tiny-llm", "--tp-size", "8",
-        "--speculative-algorithm", "EAGLE3",
-        "--speculative-draft-model-path", "/models/tiny-eagle3",
-        "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", "3", "--disable-custom-all-reduce",
-        "--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1",
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_until_ready(
-            f"http://127.0.0.1:{port}", name="attached sim", timeout=30, exit_code=proc.poll
-        )
+    with hand_started_sim(*EAGLE3, log=log) as (port, _):
         yield f"127.0.0.1:{port}"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
 
 
 def test_attach_refuses_a_mismatching_server_and_lists_every_difference(project, attached_sim):

@@ -4,18 +4,12 @@ environment never sits between the plugin and a local server, and a password in 
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from pytest_specdecode.servers.launcher import find_free_port
-from pytest_specdecode.servers.readiness import wait_until_ready
+from hand_started import EAGLE3, hand_started_sim
 
 PROXY_VARIABLES = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY")
 
@@ -79,30 +73,11 @@ def attached_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """A simulated server started by hand, matching ``eagle3`` above; its port. Module-scoped,
     so it starts before pytester snapshots ``sys.modules`` (a second import of httpcore there
     would make its exceptions escape httpx's mapping)."""
-    port = find_free_port()
-    argv = [
-        sys.executable, "-m", "pytest_specdecode.sim",
-        "--model-path", "/models/tiny-llm", "--tp-size", "8",
-        "--speculative-algorithm", "EAGLE3",
-        "--speculative-draft-model-path", "/models/tiny-eagle3",
-        "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", "3", "--disable-custom-all-reduce",
-        "--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1",
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    with open(tmp_path_factory.mktemp("attached") / "server.log", "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_until_ready(
-            f"http://127.0.0.1:{port}", name="attached sim", timeout=30, exit_code=proc.poll
-        )
+    with hand_started_sim(*EAGLE3, log=tmp_path_factory.mktemp("attached") / "server.log") as (
+        port,
+        _,
+    ):
         yield port
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
 
 
 def files_holding(root: Path, text: str) -> list[Path]:

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hand_started import EAGLE3, hand_started_sim
 
-from pytest_specdecode.servers.launcher import find_free_port
-from pytest_specdecode.servers.readiness import wait_until_ready
 from tests.e2e.conftest import QUIET_PROFILES, Project, sim_pids_with_env
 
 RUNS = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
@@ -112,30 +109,8 @@ warmup_requests = 1
 @pytest.fixture
 def attached_sim(tmp_path: Path) -> Iterator[str]:
     """A simulated server run by hand, as the sim target of ATTACH_PROFILES would run it."""
-    port = find_free_port()
-    argv = [
-        sys.executable, "-m", "pytest_specdecode.sim",
-        "--model-path", "/models/tiny-llm", "--tp-size", "8",
-        "--speculative-algorithm", "EAGLE3",
-        "--speculative-draft-model-path", "/models/tiny-eagle3",
-        "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", "3", "--disable-custom-all-reduce",
-        "--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1",
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    with open(tmp_path / "server.log", "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_until_ready(
-            f"http://127.0.0.1:{port}", name="attached sim", timeout=30, exit_code=proc.poll
-        )
+    with hand_started_sim(*EAGLE3, log=tmp_path / "server.log") as (port, _):
         yield f"127.0.0.1:{port}"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
 
 
 def test_attach_to_a_simulated_server_picks_the_sim_target(

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 
 import pytest
-
-from pytest_specdecode.servers.launcher import find_free_port
-from pytest_specdecode.servers.readiness import wait_until_ready
+from hand_started import TINY, hand_started_sim
 
 FAST = '["--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1"]'
 RUNS = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
@@ -65,27 +62,8 @@ def test_nospec(specdecode):
 def squatter() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     """Another simulated server, same arguments, half the speed, started by someone else on a
     port of its own: (port, process)."""
-    port = find_free_port()
-    argv = [
-        sys.executable, "-m", "pytest_specdecode.sim",
-        "--model-path", "/models/tiny-llm", "--tp-size", "8",
-        "--sim-speed", "25", "--sim-load-seconds", "0.2", "--sim-seed", "1",
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        wait_until_ready(
-            f"http://127.0.0.1:{port}", name="squatter", timeout=30, exit_code=proc.poll
-        )
-        yield port, proc
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
+    with hand_started_sim(*TINY, fast=("--sim-speed", "25", "--sim-load-seconds", "0.2")) as found:
+        yield found
 
 
 def test_a_fixed_port_another_server_answers_on_is_an_error_naming_it(project, squatter):

@@ -11,14 +11,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from pytest_specdecode.errors import ServerStartError
 from pytest_specdecode.profiles.profile import ServerProfile
 from pytest_specdecode.servers import pool as pool_module
 from pytest_specdecode.servers.build import build_key
-from pytest_specdecode.servers.launcher import find_free_port
+from pytest_specdecode.servers.launcher import find_free_port, port_in_use
 from pytest_specdecode.servers.pool import ServerPool
 from pytest_specdecode.servers.ports import describe_holders, listeners, session_holds_port
 from pytest_specdecode.servers.subprocess import SubprocessLauncher
@@ -35,14 +34,11 @@ def http_server(port: int) -> subprocess.Popen[bytes]:
         start_new_session=True,
     )
     deadline = time.monotonic() + 20
-    while True:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/", timeout=1.0, trust_env=False)
-            return proc
-        except httpx.TransportError:
-            assert proc.poll() is None
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    while not port_in_use("127.0.0.1", port):  # a socket, not httpx (see tests/hand_started.py)
+        assert proc.poll() is None
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return proc
 
 
 @pytest.fixture
