@@ -9,7 +9,10 @@ between configs, so the common overhead cancels.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import math
+import random
 import time
 from typing import Any
 
@@ -17,6 +20,8 @@ import httpx
 import pytest
 
 from pytest_specdecode.sim import model
+from pytest_specdecode.sim.engine import Engine, Sequence
+from pytest_specdecode.sim.tokenizer import OutputTokens
 
 from .conftest import EAGLE3_2STEP, EAGLE3_5STEP, NCCL_TUNED, SimProcess, StartSim
 
@@ -167,7 +172,10 @@ def test_one_stream_at_speed_50_keeps_the_models_time(start_sim: StartSim) -> No
     e2e = meta["e2e_latency"]
     print(f"\n1 stream @50x: client {wall:.4f}s e2e {e2e:.4f}s model {model_seconds:.4f}s")
     assert meta["e2e_latency"] == pytest.approx(model_seconds, rel=0.01)
-    assert wall == pytest.approx(meta["e2e_latency"], rel=0.01)
+    # The client never has the last token before its model time. How much later it has it is
+    # the client's and the machine's business (benchmarks/bench_sim_load.py measures it), not
+    # something to assert on a shared box.
+    assert wall >= meta["e2e_latency"]
 
 
 def test_64_streams_at_speed_50_finish_on_the_models_schedule(start_sim: StartSim) -> None:
@@ -225,3 +233,87 @@ async def _concurrent_streams(base_url: str, streams: int, tokens: int) -> list[
     async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as client:
         await client.get("/model_info")
         return await asyncio.gather(*(one(client, i) for i in range(streams)))
+
+
+# -- the engine's clock under a blocked event loop --------------------------------------------
+
+PREFILL_S, DECODE_S, TOKENS = 0.004, 0.002, 150
+BLOCK_EVERY_S, BLOCK_FOR_S = 0.05, 0.03
+
+
+async def _serve_one_while_the_loop_is_blocked() -> tuple[
+    Sequence, Engine, list[tuple[float, int]]
+]:
+    """One request through a bare engine while another task blocks the event loop for 30 ms
+    every 50 ms (what a starved process or a slow handler does to the sim); returns the
+    sequence, the engine and every (loop time, tokens) the request's consumer saw."""
+    loop = asyncio.get_running_loop()
+    costs = model.StepCosts(
+        prefill_fixed=PREFILL_S,
+        prefill_per_token=0.0,
+        decode_fixed=DECODE_S,
+        per_token=0.0,
+        spec_fixed=0.0,
+        num_draft_tokens=1,
+        speculative=False,
+    )
+    engine = Engine(
+        costs=costs,
+        max_running_requests=8,
+        max_prefill_tokens=16384,
+        max_total_num_tokens=100_000,
+        decode_log_interval=1_000_000,
+        speculative=False,
+        num_draft_tokens=1,
+        disable_radix_cache=True,
+        metrics=None,
+    )
+    runner = asyncio.ensure_future(engine.run())
+    await asyncio.sleep(0)  # the engine is up and idle before the request arrives, as in the sim
+    seq = Sequence(
+        rid="blocked",
+        index=0,
+        prompt_tokens=4,
+        prompt_key=1,
+        target_tokens=TOKENS,
+        stops_naturally=False,
+        probs=(),
+        speed=1.0,
+        rng=random.Random(0),
+        output=OutputTokens(1),
+        arrival=loop.time(),
+    )
+
+    async def block_the_loop() -> None:
+        while not seq.finished:
+            await asyncio.sleep(BLOCK_EVERY_S)
+            time.sleep(BLOCK_FOR_S)  # deliberately blocking: nothing else on the loop runs
+
+    blocker = asyncio.ensure_future(block_the_loop())
+    engine.submit(seq)
+    seen: list[tuple[float, int]] = []
+    while not seq.finished:
+        await seq.changed.wait()
+        seq.changed.clear()
+        seen.append((loop.time(), seq.completion_tokens))
+    runner.cancel()
+    await asyncio.gather(runner, blocker, return_exceptions=True)
+    return seq, engine, seen
+
+
+def test_a_blocked_event_loop_delays_tokens_but_never_the_models_schedule() -> None:
+    """Steps are scheduled against absolute deadlines: lateness is caught up, not added, and no
+    token is ever handed out before its model time. Deterministic: the loop is blocked for sure
+    (30 ms, fifteen steps), and nothing is asserted about how late anything was."""
+    seq, engine, seen = asyncio.run(_serve_one_while_the_loop_is_blocked())
+    start = seq.arrival + PREFILL_S
+    assert seq.first_token_time == pytest.approx(start, abs=1e-9)
+    # A relative sleep per step would add every block (several x 30 ms) to this.
+    assert seq.finish_time == pytest.approx(start + (TOKENS - 1) * DECODE_S, abs=1e-9)
+    assert seq.completion_tokens == TOKENS
+    for at, tokens in seen:
+        due = 1 + math.floor((at - start) / DECODE_S + 1e-9) if at >= start else 0
+        assert tokens <= due, f"{tokens} tokens at {at - seq.arrival:.4f}s, only {due} due"
+    # ... and it caught up: once a block ends, the consumer sees several steps at once.
+    assert max(b - a for (_, a), (_, b) in itertools.pairwise(seen)) > 1
+    assert engine.max_lag >= BLOCK_FOR_S - 2 * DECODE_S  # the delay really hit the engine
