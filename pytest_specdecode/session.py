@@ -44,6 +44,7 @@ from pytest_specdecode.errors import (
     SpecdecodeError,
 )
 from pytest_specdecode.launches import LaunchPrior, prior_for
+from pytest_specdecode.machine_load import LoadSampler, comparison_warnings, recording_warning
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.metrics import compute_run_metrics
 from pytest_specdecode.net import trust_env
@@ -346,7 +347,9 @@ class SpecdecodeSession:
             decided: dict[int, Check] = {}
             checks: tuple[Check, ...] = ()
             looks = plan.looks()
-            with self.pool.gpu_lock(profile):
+            # The machine's load over warm-up and runs, recorded and compared with the baseline's.
+            sampler = LoadSampler(settings.machine_load)
+            with self.pool.gpu_lock(profile), sampler:
                 self._warm_up(client, handle, workload)
                 for run_index in range(max_runs):
                     values, extra = self._one_run(client, backend, handle, workload, run_index)
@@ -378,6 +381,12 @@ class SpecdecodeSession:
                     if updating or not any(_undecided(check) for check in checks):
                         break
 
+        machine = sampler.result()
+        if updating:
+            busy = recording_warning(machine)
+            warnings.extend([busy] if busy is not None else [])
+        else:
+            warnings.extend(comparison_warnings(machine, spec.thresholds, refs))
         launches = self._launches_for(simulated, launch_varies) if updating else 1
         if updating:
             outcome, text = self._recording_outcome(samples)
@@ -408,6 +417,7 @@ class SpecdecodeSession:
                 ),
                 # what the workload hash covers, so a changed workload is named by its field
                 "workload": workload.hashed_fields(),
+                "machine_load": None if machine is None else machine.to_json(),
             },
             launch_runs=[len(samples.get("tok_s", []))],
         )

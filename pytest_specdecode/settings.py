@@ -83,6 +83,22 @@ def _seconds_or_auto(text: str) -> float | None:
     return _positive_float(text)
 
 
+def _machine_load(text: str) -> float | str:
+    lowered = text.strip().lower()
+    if lowered in ("measure", "off"):
+        return lowered
+    try:
+        value = float(lowered)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < float("inf"):
+        raise ValueError(
+            "must be 'measure', 'off', or the machine's load as runnable tasks per CPU (a "
+            "number of at least 0, such as 0.5)"
+        )
+    return value
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
@@ -343,6 +359,17 @@ OPTIONS: tuple[Option, ...] = (
         _seconds_or_auto,
         "SECONDS|auto",
     ),
+    Option(
+        "machine_load",
+        "--specdecode-machine-load",
+        "The machine's CPU load during each test's runs, recorded with baselines and results: "
+        "'measure' (the run queue per CPU; a comparison across loads that differ enough to "
+        "move tok/s warns), a number of runnable tasks per CPU to record instead of measuring, "
+        "or 'off' (record nothing, never warn)",
+        "measure",
+        _machine_load,
+        "measure|off|LOAD",
+    ),
 )
 
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
@@ -385,6 +412,9 @@ class Settings:
     config_source: str = "the default"
     """Where :attr:`config` came from, for the header: the flag, the variable, the ini key, or
     the default and how it was found."""
+    machine_load: float | str = "measure"
+    """``"measure"``, ``"off"``, or a declared load in runnable tasks per CPU
+    (:mod:`pytest_specdecode.machine_load`)."""
 
 
 DEFAULT_CONFIG = Path("perf_tests/specdecode.toml")

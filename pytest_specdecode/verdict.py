@@ -57,6 +57,7 @@ class BaselineRef:
     mismatch: bool = False  # the problem is a hard fingerprint or workload mismatch
     notes: Mapping[str, str] = field(default_factory=dict)  # metric -> why it has no samples
     launch_runs: tuple[int, ...] = ()  # runs per server launch of the baseline, in order
+    machine_load: object = None  # the baseline's provenance["machine_load"], as stored
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,14 @@ class BaselineLookup:
         if check.soft:
             warnings.append(check.warning_message())
         notes = {m: note for m in METRICS if (note := record.missing_metric_note(m)) is not None}
-        return BaselineRef(label, record.samples, path, notes=notes, launch_runs=record.launch_runs)
+        return BaselineRef(
+            label,
+            record.samples,
+            path,
+            notes=notes,
+            launch_runs=record.launch_runs,
+            machine_load=record.provenance.get("machine_load"),
+        )
 
     def _workload_change(self, record: BaselineRecord) -> str:
         """The workload fields that differ, as ``field: baseline X, now Y``."""

@@ -1,0 +1,76 @@
+"""The machine's load end to end (issue 13, item 3): a baseline records it, a run on a much
+busier machine says so in the summary and the report, a run under a similar load does not.
+
+The load is injected, never made: the project's conftest replaces the run-queue reader with a
+figure from an environment variable, so the sampler, the record and the rule run as they do for
+users while the test box is as busy as it happens to be.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conftest import Project
+
+FAKE_LOAD_CONFTEST = """
+import os
+
+from pytest_specdecode import machine_load
+
+# Runnable tasks on a 2-CPU machine, as the sampler would read them (itself included).
+machine_load.read_running = lambda: int(os.environ["FAKE_RUNNABLE"])
+machine_load.cpu_count = lambda: 2
+"""
+
+ONE_TEST = """
+import pytest
+
+@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.10)
+def test_tok_s():
+    pass
+"""
+
+MEASURE = {"PYTEST_SPECDECODE_MACHINE_LOAD": "measure"}  # the plugin's own suite sets it off
+WARNING = "machine load differs between these runs and its own baseline"
+
+
+def test_a_baseline_records_the_load_and_a_much_busier_run_warns(project: Project) -> None:
+    project.pytester.makeconftest(FAKE_LOAD_CONFTEST)
+    project.tests(ONE_TEST)
+    # 1 runnable task (the sampler) on 2 CPUs: an idle machine, 0.0 per CPU.
+    recorded = project.run_with_env(
+        {**MEASURE, "FAKE_RUNNABLE": "1"}, "--update-baselines", "--specdecode-baseline-runs", "3"
+    )
+    recorded.assert_outcomes(passed=1)
+    (path,) = project.baseline_files()
+    stored = json.loads(path.read_text())["provenance"]["machine_load"]
+    assert stored["cpus"] == 2
+    assert stored["runnable_per_cpu"] == 0.0
+    assert stored["declared"] is False
+
+    # 7 runnable tasks on 2 CPUs: 3.0 per CPU, saturated and three tasks per CPU busier.
+    busy = project.run_with_env(
+        {**MEASURE, "FAKE_RUNNABLE": "7"},
+        "--specdecode-runs",
+        "3",
+        "--specdecode-report",
+        "report.json",
+    )
+    assert busy.ret == 0, busy.stdout.str()
+    busy.stdout.fnmatch_lines(
+        [
+            f"  warning: {WARNING}: 3.00 runnable tasks per CPU (2 CPUs) now, 0.00 runnable "
+            "tasks per CPU (2 CPUs) when it was recorded.*this run was measured on the busier "
+            "machine*"
+        ]
+    )
+    (test,) = json.loads((project.path / "report.json").read_text())["tests"]
+    assert [w for w in test["warnings"] if w.startswith(WARNING)]
+    assert test["provenance"]["machine_load"]["runnable_per_cpu"] == 3.0
+
+    # 2 runnable tasks: 0.5 per CPU, every task has a CPU: nothing to say.
+    similar = project.run_with_env({**MEASURE, "FAKE_RUNNABLE": "2"}, "--specdecode-runs", "3")
+    assert similar.ret == 0, similar.stdout.str()
+    assert WARNING not in similar.stdout.str()
