@@ -198,7 +198,10 @@ def test_a_missing_baseline_skips_or_fails_and_never_passes(quiet_project: Proje
             f"{path}); record one with --update-baselines",
             "SKIPPED [[]1[]] test_perf.py:*: eagle3: output tok/s vs nospec's baseline: no "
             "stored baseline of profile 'nospec' on hardware 'simulated' for workload 'fast' "
-            "(hash *); run that profile's test with --update-baselines first",
+            "(hash *). against= compares with the baseline a test of that profile records on "
+            "the same workload; it is recorded by test_perf.py::test_default, "
+            "test_perf.py::test_marker_fail (in this session): run `pytest --update-baselines "
+            "test_perf.py::test_default test_perf.py::test_marker_fail` first",
         ],
         consecutive=False,
     )
@@ -360,9 +363,8 @@ def test_a_soft_mismatch_warns_and_a_workload_change_is_refused(quiet_project: P
     assert re.search(
         rf"nospec: output tok/s vs its own baseline: "
         rf"{re.escape(str(baseline(quiet_project, 'test_workload')))}: recorded with workload "
-        r"hash (\w+), this run's workload hashes to (\w+): the prompts, output length, "
-        r"concurrency or API changed, so the runs are not comparable; re-record with "
-        r"--update-baselines",
+        r"'mine' hash (\w+), this run's workload 'mine' hashes to (\w+): max_new_tokens was 64, "
+        r"now 48, so the runs are not comparable; re-record with --update-baselines",
         text,
     ), text
     assert verdicts(checked) == {"test_soft": "PASS", "test_workload": "MISMATCH"}
