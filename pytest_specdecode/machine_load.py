@@ -5,8 +5,8 @@ A busy machine lowers measured tok/s even where the server keeps its own schedul
 HTTP and stream parsing, the server's request handling and the wake-ups between them all wait
 for a CPU. ``benchmarks/bench_sim_load.py`` measured it with the simulated server on a 2-core
 machine: the simulator's own schedule stayed exact (0.00% from its model under 8 busy loops),
-while the plugin's tok/s dropped by about 0.5% per extra runnable task per CPU (the client's
-per-request overhead grew from 7 to 18 ms). On a GPU box the same holds for a real server's
+while the plugin's tok/s dropped by 0.25-0.5% per extra runnable task per CPU (the client's
+per-request overhead grew from about 6 to 11-18 ms). On a GPU box the same holds for a real server's
 tokenizer, scheduler and detokenizer processes. That cannot be removed from a client-side
 measurement, so it is recorded with every baseline and run (``provenance["machine_load"]``)
 and a comparison across very different loads is warned about (:func:`load_warning`).
@@ -23,8 +23,8 @@ The rule (:func:`loads_differ`): warn when the run queues differ by at least
 :data:`LOAD_DIFFERENCE` runnable tasks per CPU and the busier of the two exceeded
 :data:`SATURATED` (more runnable tasks than CPUs: tasks waited for a CPU). Below saturation
 every task finds a CPU and no effect was measurable; at the threshold the measured effect is
-about 0.5% of tok/s with bare CPU spinners (similar with memory-copying ones), a third of a
-typical run-to-run CV and a sixth of a 3% margin, so that smaller differences would warn about
+0.25-0.5% of tok/s with bare CPU spinners (similar with memory-copying ones), a third of a
+typical run-to-run CV and a tenth of a 3% margin, so that smaller differences would warn about
 noise. Real loads (compilers, test suites) can cost more per task than the benchmark's loops.
 """
 
@@ -282,8 +282,8 @@ def load_warning(current: MachineLoad, baseline: MachineLoad | None, label: str)
     return (
         f"machine load differs between these runs and {label}: {current.describe()} now, "
         f"{baseline.describe()} when it was recorded. A busy CPU slows the client and the "
-        f"server's CPU side (about 0.5% of tok/s per runnable task per CPU on a 2-core box); "
-        f"{effect}. Measure on a quieter machine, or re-record the baseline on one "
+        "server's CPU side (0.25-0.5% of tok/s per runnable task per CPU, measured on a 2-core "
+        f"box); {effect}. Measure on a quieter machine, or re-record the baseline on one "
         "(see 'Machine load' in the README)."
     )
 
