@@ -6,6 +6,7 @@ Every message names the bad value, where it came from and what to do about it.
     ├── ConfigError            a profile file, an option, an ini key or a marker is wrong
     ├── ServerError            a server could not be started, reached or trusted
     │   ├── ServerStartError   the process or container exited while loading
+    │   │   └── EngineUnreachableError   the Docker engine does not answer
     │   ├── ServerTimeoutError not ready within the startup timeout
     │   ├── ServerMismatchError
     │   │                      an attached server runs another configuration
@@ -58,6 +59,11 @@ class ServerError(SpecdecodeError):
 
 class ServerStartError(ServerError):
     """The server process or container exited before it became ready."""
+
+
+class EngineUnreachableError(ServerStartError):
+    """The Docker engine that would run the server does not answer (a host of the fleet down,
+    a daemon stopped): every server that engine would run fails the same way."""
 
 
 class ServerTimeoutError(ServerError):

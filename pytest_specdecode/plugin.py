@@ -272,6 +272,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     session = _session(config)
     xdist = config.pluginmanager.hasplugin("xdist")
     order: dict[str, int] = {}
+    demand: Counter[str] = Counter()
     for item in items:
         marker = item.get_closest_marker("specdecode")
         param = _server_param(item)
@@ -298,9 +299,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
         session.note_collected(item.stash[NODEID_KEY], profile.name, workload)
         item.add_marker(profile.algorithm_marker)
-        if xdist:
-            item.add_marker(pytest.mark.xdist_group(f"specdecode-{profile.name}"))
         order.setdefault(profile.name, len(order))
+        demand[profile.name] += 1
+    try:
+        session.place(demand)  # the profiles' hosts, when the profile file has [hosts.NAME]
+    except SpecdecodeError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if xdist:
+        # One group per profile, or per host when placed: one worker takes a host's profiles
+        # in turn (one server per box at a time), different hosts run on different workers.
+        for item in items:
+            spec = item.stash.get(SPEC_KEY, None)
+            if spec is not None and spec.server is not None:
+                item.add_marker(pytest.mark.xdist_group(session.group_of(spec.server)))
 
     def key(indexed: tuple[int, pytest.Item]) -> tuple[int, int, int]:
         index, item = indexed
@@ -462,12 +473,13 @@ def _note_error(sd: SpecdecodeSession, item: pytest.Item, phase: str, call: Any)
         nodeid,
         profile=profile.name,
         simulated=profile.simulated,
-        hardware_key=sd.hardware_key(profile.simulated),
+        hardware_key=sd.hardware_key(profile.simulated, profile),
         workload_name=workload.name,
         workload_hash=workload.content_hash(),
         fingerprint=profile.fingerprint(),
         error=error,
         server_origin="attached" if sd.settings.server_host else "launched",
+        host=profile.placed_on,
     )
     item.stash[ROW_KEY] = row
     sd.results.append(row)

@@ -65,6 +65,9 @@ class SpecdecodeResult:
     """Runs per server launch (several only for a baseline recorded over several launches)."""
     error: TestError | None = None
     """Why the test errored (outcome ERROR), or what went wrong after its verdict; else None."""
+    host: str | None = None
+    """The ``[hosts.NAME]`` its server ran on (a fleet, :mod:`pytest_specdecode.fleet`); None:
+    this machine, or an attached server."""
 
     @classmethod
     def errored(
@@ -79,6 +82,7 @@ class SpecdecodeResult:
         fingerprint: Fingerprint,
         error: TestError,
         server_origin: str = "launched",
+        host: str | None = None,
     ) -> SpecdecodeResult:
         """The row of a test that errored before it had a verdict: no samples, no checks."""
         return cls(
@@ -94,6 +98,7 @@ class SpecdecodeResult:
             message=error.describe(),
             server_origin=server_origin,
             error=error,
+            host=host,
         )
 
     @property

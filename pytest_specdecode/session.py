@@ -15,7 +15,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from pytest_specdecode.errors import (
     ServerMismatchError,
     SpecdecodeError,
 )
+from pytest_specdecode.fleet import Need, Placement, endpoint, place
 from pytest_specdecode.launches import LaunchPrior, prior_for
 from pytest_specdecode.machine_load import LoadSampler, comparison_warnings, recording_warning
 from pytest_specdecode.markers import MarkerSpec
@@ -128,6 +129,8 @@ class SpecdecodeSession:
             ready_grace=settings.stall_timeout or DEFAULT_READY_GRACE,
         )
         self._stalls: dict[str, StallBound] = {}
+        self._placement: Placement | None = None
+        self._placed: dict[str, ServerProfile] = {}  # profiles bound to their host
         self._attach_failures: dict[str, ServerError] = {}
 
     # -- profiles and target -------------------------------------------------------------
@@ -200,7 +203,35 @@ class SpecdecodeSession:
             "add --specdecode-target sim if it is the simulated server"
         )
 
+    def place(self, demand: Mapping[str, int]) -> None:
+        """Place the docker profiles of the collected tests (``demand``: tests per profile) on
+        the profile file's ``[hosts.NAME]`` (:mod:`pytest_specdecode.fleet`); nothing to do
+        without hosts. Every xdist process computes the same placement from the same
+        collection."""
+        hosts = self.profiles().hosts
+        if not hosts or self.settings.server_host:
+            return
+        profiles = self.profiles().profiles
+        needs = {
+            name: Need(gpus=len(profiles[name].gpus), hosts=profiles[name].hosts, tests=count)
+            for name, count in demand.items()
+            if profiles[name].launcher == "docker"
+        }
+        self._placement = place(needs, list(hosts.values()), source=str(self.settings.config))
+        for name, host in self._placement.host_of.items():
+            self._placed[name] = replace(
+                profiles[name], placed_on=host, docker_host=endpoint(hosts[host], self.env)
+            )
+
+    def group_of(self, profile: str) -> str:
+        """The xdist group of a profile's tests: its host's when placed, else its own."""
+        if self._placement is not None and profile in self._placement.host_of:
+            return self._placement.group(profile)
+        return f"specdecode-{profile}"
+
     def profile(self, name: str, *, where: str) -> ServerProfile:
+        if name in self._placed:
+            return self._placed[name]
         profiles = self.profiles().profiles
         if name not in profiles:
             import difflib
@@ -285,7 +316,14 @@ class SpecdecodeSession:
 
     # -- measurement ---------------------------------------------------------------------
 
-    def hardware_key(self, simulated: bool) -> str:
+    def hardware_key(self, simulated: bool, profile: ServerProfile | None = None) -> str:
+        """The baselines' directory: a placed profile's host's key (``simulated-`` before it
+        for the simulator), else ``--specdecode-hardware-key``, else what this machine has."""
+        if profile is not None and profile.placed_on is not None:
+            key = self.profiles().hosts[profile.placed_on].hardware_key
+            return hardware_key(
+                None, simulated=False, override=f"simulated-{key}" if simulated else key
+            )
         override = self.settings.hardware_key
         if override is None and self.settings.server_host and self.gpus is None and not simulated:
             host = urlsplit(attach_url(self.settings.server_host, SGLANG_DEFAULT_PORT)).hostname
@@ -313,7 +351,7 @@ class SpecdecodeSession:
             info = self._server_info(client, backend, handle)
             simulated = profile.simulated or info.get("simulated") is True
             warnings = self._server_checks(profile, backend, handle, info)
-            hw = self.hardware_key(simulated)
+            hw = self.hardware_key(simulated, profile)
             version = info.get("version")
             fingerprint = profile.fingerprint().with_soft(
                 server_version=str(version) if version is not None else None
@@ -420,6 +458,7 @@ class SpecdecodeSession:
                 "machine_load": None if machine is None else machine.to_json(),
             },
             launch_runs=[len(samples.get("tok_s", []))],
+            host=profile.placed_on,
         )
         self.results.append(result)
         if outcome is Outcome.RECORDED and launches > 1:

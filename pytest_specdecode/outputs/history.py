@@ -115,6 +115,7 @@ def _test_record(result: SpecdecodeResult) -> dict[str, Any]:
         "outcome": result.outcome.value,
         "simulated": result.simulated,
         "hardware_key": result.hardware_key,
+        "host": result.host,
         "workload_hash": result.workload_hash,
         "fingerprint": result.fingerprint.digest,
         "server_version": result.server_version,

@@ -279,6 +279,7 @@ def junit_properties(result: SpecdecodeResult) -> list[tuple[str, str]]:
         ("specdecode_simulated", "true" if result.simulated else "false"),
         ("specdecode_runs", str(result.runs)),
         ("specdecode_hardware_key", result.hardware_key),
+        *([("specdecode_host", result.host)] if result.host else []),
         ("specdecode_fingerprint", result.fingerprint.digest),
     ]
     if result.error is not None:

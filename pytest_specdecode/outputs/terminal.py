@@ -96,7 +96,9 @@ def table_rows(results: Sequence[SpecdecodeResult]) -> list[list[str]]:
     return [
         [
             short_id(result.test_id),
-            result.profile + (" (simulated)" if result.simulated else ""),
+            result.profile
+            + (f" @ {result.host}" if result.host else "")  # the fleet's host it ran on
+            + (" (simulated)" if result.simulated else ""),
             _tok_s(result),
             _change(result),
             _accept(result),

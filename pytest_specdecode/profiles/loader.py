@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+from urllib.parse import urlsplit
 
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.fleet import HostSpec
 from pytest_specdecode.profiles.llamacpp import (
     LAUNCHER as LLAMACPP,
 )
@@ -158,12 +160,12 @@ PROFILE_KEYS: tuple[str, ...] = (
     "description", "launcher", "model_path", "tp_size", "speculative", "mem_fraction_static",
     "extra_args", "env", "python", "server_module", "image", "shm_size", "volumes", "network",
     "gpus", "host", "port", "startup_timeout", "warmup_requests", "api_key_env",
-    "binary", "threads", "ctx_size", "parallel",
+    "binary", "threads", "ctx_size", "parallel", "hosts",
 )  # fmt: skip
 LLAMACPP_ONLY_KEYS: tuple[str, ...] = ("binary", "threads", "ctx_size", "parallel")
 SGLANG_ONLY_KEYS: tuple[str, ...] = (
     "tp_size", "mem_fraction_static", "python", "server_module", "image", "shm_size", "volumes",
-    "network",
+    "network", "hosts",
 )  # fmt: skip
 """Keys that mean nothing to the other kind of server: refused in a profile's own table,
 ignored when inherited from ``[defaults]`` (which a file's SGLang and llama.cpp profiles
@@ -171,7 +173,11 @@ share)."""
 SPECULATIVE_KEYS: tuple[str, ...] = (
     "algorithm", "draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens",
 )  # fmt: skip
-TOP_LEVEL_KEYS: tuple[str, ...] = ("defaults", "env", "profiles", "targets", "workloads")
+TOP_LEVEL_KEYS: tuple[str, ...] = (
+    "defaults", "env", "profiles", "targets", "workloads", "hosts",
+)  # fmt: skip
+HOST_KEYS: tuple[str, ...] = ("docker_host", "docker_host_env", "context", "gpus", "hardware")
+"""Keys of a ``[hosts.NAME]`` table (:class:`~pytest_specdecode.fleet.HostSpec`)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # also a valid docker container name part
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_ENV = re.compile(
@@ -222,6 +228,7 @@ class _Loader:
         self.data = data
         self.warnings: list[str] = []
         self.env_sets: dict[str, FrozenMap] = {}
+        self.hosts: dict[str, HostSpec] = {}
 
     def where(self, section: str) -> str:
         return f"{self.file} [{section}]"
@@ -260,6 +267,9 @@ class _Loader:
                 "define it)",
                 source=self.file,
             )
+        self.hosts = {
+            name: self._host(name, table) for name, table in self._tables("hosts", "host").items()
+        }
         tables = self._tables("profiles", "profile")
         chosen: dict[str, ServerProfile] = {}
         for name, table in tables.items():
@@ -288,6 +298,7 @@ class _Loader:
             ),
             warnings=tuple(dict.fromkeys(self.warnings)),
             target=target,
+            hosts=MappingProxyType(dict(self.hosts)),
         )
 
     def _tables(self, key: str, what: str) -> dict[str, Mapping[str, Any]]:
@@ -299,6 +310,57 @@ class _Loader:
             if not isinstance(table, Mapping):
                 _fail(self.where(key), name, table, f"each {what} must be a table [{key}.{name}]")
         return dict(section)
+
+    def _host(self, name: str, table: Mapping[str, Any]) -> HostSpec:
+        """``[hosts.NAME]``: one Docker endpoint (written, from a variable, or a context) and
+        its GPUs. An endpoint with credentials in it belongs in the environment."""
+        where = self.where(f"hosts.{name}")
+        if not _NAME.match(name):
+            _fail(self.where("hosts"), name, name, "host names are letters, digits, '-', '_', '.'")
+        _check_keys(table, HOST_KEYS, where, what="key")
+        given = [key for key in ("docker_host", "docker_host_env", "context") if key in table]
+        if len(given) != 1:
+            raise ConfigError(
+                'a host needs exactly one of docker_host (e.g. "ssh://gpu-box-2"), '
+                "docker_host_env (the name of a variable that holds it) or context (a Docker "
+                f"context name); found {given or 'none'}",
+                source=where,
+            )
+        docker_host = table.get("docker_host")
+        if docker_host is not None:
+            text = _string(docker_host, "docker_host", where)
+            if urlsplit(text).password:
+                raise ConfigError(
+                    "docker_host carries a password, and the file is committed: put the "
+                    "endpoint in an environment variable and name it with docker_host_env",
+                    source=where,
+                )
+            if not re.match(r"^(unix|tcp|ssh|npipe|http|https)://", text):
+                _fail(where, "docker_host", text, "must be a unix://, tcp:// or ssh:// address")
+        env_name = table.get("docker_host_env")
+        if env_name is not None and (
+            not isinstance(env_name, str) or not _ENV_NAME.match(env_name)
+        ):
+            _fail(where, "docker_host_env", env_name, "must be the NAME of an environment variable")
+        if "gpus" not in table:
+            raise ConfigError(
+                "gpus is missing: list the GPUs of this host the plugin may use, e.g. "
+                "gpus = [0, 1, 2, 3, 4, 5, 6, 7] (or a count, gpus = 8)",
+                source=where,
+            )
+        hardware = table.get("hardware")
+        if hardware is not None:
+            hardware = _string(hardware, "hardware", where)
+        context = table.get("context")
+        return HostSpec(
+            name=name,
+            docker_host=docker_host,
+            docker_host_env=env_name,
+            context=_string(context, "context", where) if context is not None else None,
+            gpus=_gpus(table["gpus"], "gpus", where),
+            hardware=hardware,
+            source=where,
+        )
 
     def _env_set(self, name: str, table: Mapping[str, Any]) -> FrozenMap:
         where = self.where(f"env.{name}")
@@ -445,6 +507,24 @@ class _Loader:
                 volumes=merged.get("volumes", FrozenMap()),
                 network=merged.get("network", "host"),
             )
+        hosts: tuple[str, ...] = merged.get("hosts", ())
+        if "hosts" in own_layers and launcher != "docker" and target == TARGET_REAL:
+            _fail(
+                where,
+                "hosts",
+                list(hosts),
+                'only launcher = "docker" profiles run on [hosts.NAME] (through their Docker '
+                "engines); remove hosts, or make the profile a docker one",
+            )
+        unknown = [h for h in hosts if h not in self.hosts]
+        if unknown:
+            _fail(
+                where,
+                "hosts",
+                list(hosts),
+                f"{unknown} {'is' if len(unknown) == 1 else 'are'} not defined; defined: "
+                f"{', '.join(self.hosts) or 'none'} (add [hosts.NAME] tables)",
+            )
         env_sets: tuple[str, ...] = merged.get("env", ())
         profile = ServerProfile(
             name=name,
@@ -468,6 +548,7 @@ class _Loader:
             api_key_env=merged.get("api_key_env"),
             target=target,
             source=where,
+            hosts=hosts if launcher == "docker" else (),
         )
         self.warnings.extend(w for w in sglang_env_warnings(profile) if w not in self.warnings)
         return profile
@@ -846,6 +927,7 @@ _VALIDATORS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyTy
         "threads": _positive,
         "ctx_size": _positive,
         "parallel": _positive,
+        "hosts": lambda value, key, where: _strings(value, key, where, allow_single=True),
     }
 )
 """One checker per key except ``env`` (which needs the file's env sets): value, key, where →

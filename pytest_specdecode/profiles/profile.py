@@ -43,6 +43,7 @@ from types import MappingProxyType
 
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.fingerprint import Fingerprint
+from pytest_specdecode.fleet import HostSpec
 from pytest_specdecode.profiles.llamacpp import DEFAULT_BINARY, LlamaCppOptions
 from pytest_specdecode.redaction import is_secret_flag
 
@@ -222,12 +223,19 @@ class ServerProfile:
     llamacpp: LlamaCppOptions | None = None  # launcher "llamacpp" only
     target: str = TARGET_REAL
     source: str = ""  # e.g. "perf_tests/specdecode.toml [profiles.eagle3-2step-nccl]"
+    hosts: tuple[str, ...] = ()  # docker launcher: the [hosts.NAME] it may run on (empty: any)
+    # Set by the placement (pytest_specdecode.fleet) for one session: the host the server runs
+    # on and that host's Docker endpoint. Neither is part of the fingerprint: which box ran a
+    # configuration is the hardware key's business.
+    placed_on: str | None = None
+    docker_host: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", FrozenMap(self.env))
         object.__setattr__(self, "extra_args", tuple(self.extra_args))
         object.__setattr__(self, "env_sets", tuple(self.env_sets))
         object.__setattr__(self, "gpus", tuple(self.gpus))
+        object.__setattr__(self, "hosts", tuple(self.hosts))
 
     @property
     def algorithm_marker(self) -> str:
@@ -468,6 +476,7 @@ class ProfileFile:
     workloads: Mapping[str, Mapping[str, object]]
     warnings: tuple[str, ...] = ()
     target: str = TARGET_REAL
+    hosts: Mapping[str, HostSpec] = field(default_factory=dict)  # [hosts.NAME], in file order
 
 
 # -- extra_args helpers -----------------------------------------------------------------------

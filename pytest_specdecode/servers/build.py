@@ -110,6 +110,7 @@ def build_key(
     image: str | None = None,
     image_id: str | None = None,
     binary: str | None = None,
+    engine: str | None = None,
 ) -> BuildKey:
     """The build of one launch (see the module docstring for what each launcher reads)."""
     parts: dict[str, Any] = {"launcher": launcher}
@@ -119,6 +120,8 @@ def build_key(
     elif launcher == "docker":
         parts["image"] = image
         parts["image_id"] = image_id
+        if engine:  # a host of the fleet: its server is another server than another host's
+            parts["engine"] = engine
     elif launcher == "llamacpp":
         parts["binary"] = _file_stamp(binary) if binary else None
     else:

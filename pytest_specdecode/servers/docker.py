@@ -43,7 +43,7 @@ import docker.types
 import requests.exceptions
 from docker.models.containers import Container
 
-from pytest_specdecode.errors import ServerStartError
+from pytest_specdecode.errors import EngineUnreachableError, ServerStartError
 from pytest_specdecode.redaction import is_secret_name
 from pytest_specdecode.servers.launcher import ServerIdentity, redact_argv, wait_port_free
 from pytest_specdecode.servers.ports import pids_hold_port
@@ -91,6 +91,7 @@ class DockerLauncher:
         name: str | None = None,
         client: docker.DockerClient | None = None,
         init: bool = True,
+        docker_host: str | None = None,
     ) -> None:
         """``command`` is the server's argv inside the container; ``env`` its whole environment
         (``PYTHONUNBUFFERED=1`` is added unless set, so its log reaches us line by line);
@@ -116,7 +117,9 @@ class DockerLauncher:
         self.init = init
         self._client = client
         self._own_client = client is None
-        self._docker_host = _docker_host_of(client)
+        # A host of the fleet names its engine; otherwise DOCKER_HOST (or the client's).
+        self._fixed_engine = docker_host
+        self._docker_host = docker_host or _docker_host_of(client)
         self._container: Container | None = None
         self._container_id: str | None = None
         self._final_code: int | None = None
@@ -155,7 +158,7 @@ class DockerLauncher:
         except docker.errors.ImageNotFound:
             raise ServerStartError(missing_image_message(self.image, self._docker_host)) from None
         except _ENGINE_DOWN as exc:
-            raise ServerStartError(unreachable_message(self._docker_host, exc)) from None
+            raise EngineUnreachableError(unreachable_message(self._docker_host, exc)) from None
         kwargs = self.create_kwargs()
         container = self._create(client, kwargs)
         self._container = container
@@ -328,7 +331,7 @@ class DockerLauncher:
                     f"{self.image}: {reason}"
                 ) from None
             except _ENGINE_DOWN as exc:
-                raise ServerStartError(unreachable_message(self._docker_host, exc)) from None
+                raise EngineUnreachableError(unreachable_message(self._docker_host, exc)) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _remove_stale(self, client: docker.DockerClient) -> bool:
@@ -400,7 +403,7 @@ class DockerLauncher:
 
     def _get_client(self) -> docker.DockerClient:
         if self._client is None:
-            self._docker_host = _docker_host_of(None)  # DOCKER_HOST as it is now
+            self._docker_host = self._fixed_engine or _docker_host_of(None)  # DOCKER_HOST now
             self._client = connect(self._docker_host)
         return self._client
 
@@ -478,12 +481,12 @@ def connect(docker_host: str | None = None) -> docker.DockerClient:
     try:
         client = docker.from_env(environment=environment)
     except _ENGINE_DOWN as exc:
-        raise ServerStartError(unreachable_message(docker_host, exc)) from None
+        raise EngineUnreachableError(unreachable_message(docker_host, exc)) from None
     try:
         client.ping()
     except _ENGINE_DOWN as exc:
         client.close()
-        raise ServerStartError(unreachable_message(docker_host, exc)) from None
+        raise EngineUnreachableError(unreachable_message(docker_host, exc)) from None
     return client
 
 
@@ -501,7 +504,7 @@ def _probe_unix_socket(docker_host: str | None) -> None:
         try:
             sock.connect(path)
         except OSError as exc:
-            raise ServerStartError(unreachable_message(docker_host, exc)) from None
+            raise EngineUnreachableError(unreachable_message(docker_host, exc)) from None
 
 
 def describe_engine(docker_host: str | None) -> str:

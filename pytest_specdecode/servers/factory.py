@@ -53,7 +53,7 @@ def make_launcher(
         for name in FORWARDED_SECRETS:  # never in a profile or fingerprint, but models need them
             if env.get(name):
                 container_env[name] = env[name]
-        bind = container_bind_host(profile.docker.network)
+        bind = container_bind_host(profile.docker.network, profile.docker_host)
         return DockerLauncher(
             image=profile.docker.image,
             command=secrets(profile.launch_argv(host=bind, port=port)) + key_args,
@@ -70,6 +70,7 @@ def make_launcher(
                 "pytest-specdecode.fingerprint": profile.fingerprint().digest,
             },
             name=f"specdecode-{profile.name}-{port}",
+            docker_host=profile.docker_host,
         )
     binary = None
     if profile.llamacpp is not None:
@@ -97,7 +98,7 @@ def build_of(profile: ServerProfile, env: Mapping[str, str]) -> BuildKey:
         except ConfigError:
             binary = None
     if profile.launcher == "docker" and profile.docker is not None:
-        image_id = _image_id(profile.docker.image)
+        image_id = _image_id(profile.docker.image, profile.docker_host)
     launch_env = (
         profile.launch_env({}) if profile.launcher == "docker" else _launch_env(profile, env)
     )
@@ -108,6 +109,7 @@ def build_of(profile: ServerProfile, env: Mapping[str, str]) -> BuildKey:
         image=profile.docker.image if profile.docker else None,
         image_id=image_id,
         binary=binary,
+        engine=profile.docker_host,
     )
 
 
@@ -118,11 +120,11 @@ def _launch_env(profile: ServerProfile, env: Mapping[str, str]) -> dict[str, str
         return dict(env)
 
 
-def _image_id(image: str) -> str | None:
+def _image_id(image: str, docker_host: str | None) -> str | None:
     try:
         from pytest_specdecode.servers.docker import connect
 
-        client = connect()
+        client = connect(docker_host)
         try:
             return str(client.images.get(image).id)
         finally:

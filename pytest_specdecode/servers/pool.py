@@ -39,7 +39,13 @@ from filelock import FileLock
 
 from pytest_specdecode import net
 from pytest_specdecode.backends import backend_for
-from pytest_specdecode.errors import ConfigError, ServerError, ServerStartError, SpecdecodeError
+from pytest_specdecode.errors import (
+    ConfigError,
+    EngineUnreachableError,
+    ServerError,
+    ServerStartError,
+    SpecdecodeError,
+)
 from pytest_specdecode.servers.build import BuildKey
 from pytest_specdecode.servers.factory import (
     build_of,
@@ -184,6 +190,7 @@ class ServerPool:
         self._held: dict[str, ServerProfile] = {}  # leases kept for this process's next test
         self._builds: dict[str, BuildKey] = {}
         self._told: set[str] = set()  # other builds already named on the terminal
+        self._host_failures: dict[str, ServerError] = {}  # hosts whose engine did not answer
         self.counts = ServerCounts()
 
     # -- which server is which -------------------------------------------------------------
@@ -215,10 +222,18 @@ class ServerPool:
         if profile.name in self._failures:
             self._drop_held(profile)
             raise self._failures[profile.name]
+        if profile.placed_on in self._host_failures:  # its engine did not answer another
+            raise self._host_failures[profile.placed_on]
         try:
             handle = self._acquire(profile)
         except ServerError as exc:
             self._failures[profile.name] = exc
+            if isinstance(exc, EngineUnreachableError) and profile.placed_on:
+                self._host_failures[profile.placed_on] = EngineUnreachableError(
+                    f"host {profile.placed_on!r}: its Docker engine did not answer for profile "
+                    f"{profile.name!r}, so none of its servers can start: "
+                    f"{str(exc).splitlines()[0]}"
+                )
             self._drop_held(profile)
             raise
         return handle
@@ -344,7 +359,8 @@ class ServerPool:
                 found = None
                 self._held.pop(profile.name, None)  # its server is gone, and so is the lease
                 others = [e for e in entries.values() if e.digest != digest]
-                conflicts = [e for e in others if _overlap(e.gpus, profile.gpus)]
+                here = profile.placed_on or ""
+                conflicts = [e for e in others if e.host == here and _overlap(e.gpus, profile.gpus)]
                 fingerprint = profile.fingerprint().digest
                 for other in others:
                     if other.fingerprint == fingerprint and other.digest not in self._told:
@@ -378,6 +394,7 @@ class ServerPool:
                     digest=digest,
                     fingerprint=profile.fingerprint().digest,
                     build=dict(self.build_for(profile).parts),
+                    host=profile.placed_on or "",
                     profile=profile.name,
                     url=url,
                     identity={},
@@ -607,7 +624,8 @@ class ServerPool:
         Held while a server loads and while it is measured, so no two xdist workers measure on
         the same GPUs at once and nobody measures while the same GPUs are loading.
         """
-        names = [f"gpu-{g}" for g in sorted(profile.gpus)] or [
+        host = f"{profile.placed_on}-" if profile.placed_on else ""  # each box its own GPUs
+        names = [f"gpu-{host}{g}" for g in sorted(profile.gpus)] or [
             f"server-{digest or self.key_for(profile)}"
         ]
         with contextlib.ExitStack() as stack:

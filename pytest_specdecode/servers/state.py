@@ -53,6 +53,7 @@ class Entry:
     leases: dict[str, int] = field(default_factory=dict)  # "run:worker:pid" -> count
     error: str | None = None
     fingerprint: str = ""  # the profile's fingerprint digest alone
+    host: str = ""  # the [hosts.NAME] it runs on; "" = this machine's engine or processes
     build: dict[str, Any] = field(default_factory=dict)  # BuildKey.parts, for messages
 
     def live_leases(self) -> dict[str, int]:
