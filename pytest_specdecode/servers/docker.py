@@ -125,6 +125,8 @@ class DockerLauncher:
         self._final_code: int | None = None
         self._engine_failures = 0
         self._stopped = False
+        self.left_behind = False
+        """After :meth:`stop`: the container could not be removed (its engine did not answer)."""
         self._log_lock = threading.Lock()
         self._log_thread: threading.Thread | None = None
         self._log_stream: Any = None
@@ -223,6 +225,7 @@ class DockerLauncher:
         if container is None:
             self._close_client()
             return
+        removed = False
         try:
             container.stop(timeout=max(0, math.ceil(grace)))
             if self._final_code is None:
@@ -234,10 +237,13 @@ class DockerLauncher:
             self._note(f"stopping {self.name} failed: {exc}")
         try:
             container.remove(force=True)
+            removed = True
         except docker.errors.NotFound:
-            pass
+            removed = True
         except _ENGINE_DOWN as exc:
             self._note(f"removing {self.name} failed: {exc}")
+        # The engine did not answer: the container may be back with it (exited, not removed).
+        self.left_behind = not removed
         if self._final_code is None:
             self._final_code = VANISHED_EXIT_CODE
         self._close_log_stream()
@@ -438,11 +444,12 @@ def docker_server_alive(identity: ServerIdentity) -> bool:
         client.close()
 
 
-def stop_docker_server(identity: ServerIdentity, grace: float = 30.0) -> None:
+def stop_docker_server(identity: ServerIdentity, grace: float = 30.0) -> bool:
     """Stop and remove a container recorded by an earlier session; wait until its port is free.
 
     Quiet when it is already gone. A container without our ``managed`` label is left alone. When
-    the engine does not answer, nothing can be done: a warning is logged and the call returns.
+    the engine does not answer, nothing can be done: a warning is logged and the call returns
+    ``False`` (the caller keeps the record, to try again once the engine is back); else ``True``.
     """
     container_id = identity.get("container_id")
     if isinstance(container_id, str) and container_id:
@@ -450,23 +457,25 @@ def stop_docker_server(identity: ServerIdentity, grace: float = 30.0) -> None:
             client = connect(_recorded_docker_host(identity))
         except ServerStartError as exc:
             log.warning("cannot stop container %s: %s", container_id[:12], exc)
-            return
+            return False
         try:
             container = client.containers.get(container_id)
             if container.labels.get(LABEL_MANAGED) != "1":
                 log.warning("container %s is not managed by pytest-specdecode", container_id[:12])
-                return
+                return True
             container.stop(timeout=max(0, math.ceil(grace)))
             container.remove(force=True)
         except docker.errors.NotFound:
             pass
         except _ENGINE_DOWN as exc:
             log.warning("stopping container %s failed: %s", container_id[:12], exc)
+            return False
         finally:
             client.close()
     host, port = identity.get("host"), identity.get("port")
     if isinstance(host, str) and isinstance(port, int):
         wait_port_free(host, port, timeout=30.0)
+    return True
 
 
 # -- the engine ----------------------------------------------------------------------------------

@@ -157,15 +157,16 @@ def identity_alive(identity: ServerIdentity) -> bool:
     return str(identity.get("argv0", "")).split(" ")[-1] in cmdline
 
 
-def stop_identity(identity: ServerIdentity, *, grace: float) -> None:
+def stop_identity(identity: ServerIdentity, *, grace: float) -> bool:
+    """Stop a recorded server; ``False`` when it could not be (its engine did not answer)."""
     if identity.get("kind") == "docker":
         from pytest_specdecode.servers.docker import stop_docker_server
 
-        stop_docker_server(identity, grace)
-        return
+        return stop_docker_server(identity, grace)
     pid = identity.get("pid")
     if isinstance(pid, int) and identity_alive(identity):
         stop_process_group(pid, grace=grace)
     host, port = identity.get("host"), identity.get("port")
     if isinstance(host, str) and isinstance(port, int):
         wait_port_free(host, port, timeout=30.0)
+    return True

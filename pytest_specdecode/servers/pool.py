@@ -191,6 +191,7 @@ class ServerPool:
         self._builds: dict[str, BuildKey] = {}
         self._told: set[str] = set()  # other builds already named on the terminal
         self._host_failures: dict[str, ServerError] = {}  # hosts whose engine did not answer
+        self._tried_stale: set[str] = set()
         self.counts = ServerCounts()
 
     # -- which server is which -------------------------------------------------------------
@@ -252,6 +253,31 @@ class ServerPool:
         handle = self._handles.pop(profile.name, None)
         if handle is not None and handle.launcher is not None:
             handle.launcher.stop(grace=5.0)  # reap it and whatever it left in its group
+            self._remember_left_behind(handle.launcher, profile.name)
+
+    def _remember_left_behind(self, launcher: Launcher, profile: str) -> None:
+        """A server that could not be removed (its Docker engine did not answer) is recorded
+        as ``stale`` under a key of its own, owned by nobody: the next session that reaches
+        its engine removes it (:meth:`_prune`), so a box that went down leaks no container."""
+        if not getattr(launcher, "left_behind", False):
+            return
+        identity = launcher.identity()
+        with self.state.edit() as entries:
+            key = f"stale-{identity.get('container_id') or id(launcher)}"
+            entries[key] = Entry(
+                digest=key,
+                profile=profile,
+                url="",
+                identity=identity,
+                gpus=[],
+                status="stale",
+                owner=None,
+                error="its Docker engine did not answer when it was to be removed",
+            )
+        self._emit(
+            f"{profile}: could not remove its container (the engine did not answer); the next "
+            "session that reaches the engine removes it"
+        )
 
     def release(self, profile: ServerProfile, *, hold: bool = False) -> None:
         """The test using ``profile``'s server is done with it.
@@ -519,6 +545,7 @@ class ServerPool:
             elif launcher.exit_code() is None:
                 self.counts.stopped[profile.name] += 1
             launcher.stop(grace=5.0)
+            self._remember_left_behind(launcher, profile.name)
             with self.state.edit() as entries:
                 if isinstance(exc, ServerError):
                     entries[digest].status = "failed"
@@ -659,6 +686,7 @@ class ServerPool:
                 self._emit(f"{profile.name}: stopping ({reason})")
                 self.counts.stopped[profile.name] += 1
             handle.launcher.stop(grace=self.stop_grace)
+            self._remember_left_behind(handle.launcher, profile.name)
         elif entry is not None:
             self._stop_entry(entry, reason=reason)
 
@@ -680,7 +708,14 @@ class ServerPool:
         for digest, entry in list(entries.items()):
             entry.leases = entry.live_leases()
             owner_alive = entry.owner is not None and entry.owner.alive()
-            if entry.status == "loading" and not owner_alive:
+            if entry.status == "stale":
+                # left behind by an engine that was down; kept until that engine answers (tried
+                # once per process: an engine still down must not slow every acquire)
+                if digest not in self._tried_stale:
+                    self._tried_stale.add(digest)
+                    if stop_identity(entry.identity, grace=5.0):
+                        del entries[digest]
+            elif entry.status == "loading" and not owner_alive:
                 if entry.identity:
                     stop_identity(entry.identity, grace=5.0)
                 del entries[digest]

@@ -45,7 +45,7 @@ class Entry:
     url: str
     identity: dict[str, Any]
     gpus: list[int]
-    status: str  # "loading" | "ready" | "failed"
+    status: str  # "loading" | "ready" | "failed" | "stale" (left behind by an engine that was down)
     owner: Owner | None  # None = kept alive for a later session
     log_path: str | None = None
     started_unix: float = field(default_factory=time.time)

@@ -11,8 +11,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 
 import docker
 import pytest
@@ -117,13 +121,16 @@ def server_logs(project) -> dict[str, str]:
     return logs
 
 
-def test_profiles_run_on_their_hosts_and_one_report_holds_both(fleet):
+@pytest.mark.parametrize("xdist", [("-n", "2"), ()], ids=["xdist", "one-process"])
+def test_profiles_run_on_their_hosts_and_one_report_holds_both(fleet, xdist):
+    """Under -n 2 each host's tests go to a worker of their own; in one process the hosts are
+    used one after another. Either way: one report, the host and hardware key in each row."""
     project = fleet
     project.profiles(FLEET.format(a=ENGINES[0], args=FAST))
     project.tests(TESTS)
     report = project.path / "report.json"
     result = project.run(
-        "-n", "2", "--update-baselines", "--specdecode-baseline-runs", "3",
+        *xdist, "--update-baselines", "--specdecode-baseline-runs", "3",
         "--specdecode-max-baseline-cv", "0.5", f"--specdecode-report={report}",
     )  # fmt: skip
     result.assert_outcomes(passed=3)
@@ -183,4 +190,53 @@ def test_an_unreachable_host_fails_its_tests_and_the_other_host_goes_on(fleet, m
     out = result.stdout.str()
     assert "cannot reach the Docker engine" in out
     assert "nonexistent/docker-b.sock" in out
+    assert containers(ENGINES[0]) == []
+
+
+FLEET_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "provision-docker-fleet.sh"
+# box-b loads for 30 real seconds: the engine is killed while it loads
+KILLED = FLEET.replace(
+    '[profiles.on-b]\nhosts = ["box-b"]\nextra_args = [{args}]',
+    '[profiles.on-b]\nhosts = ["box-b"]\n'
+    'extra_args = ["--sim-speed", "1", "--sim-load-seconds", "30"]',
+)
+
+
+def test_a_host_killed_mid_run_fails_its_tests_leaks_nothing_and_the_other_goes_on(fleet):
+    project = fleet
+    if ENGINES[1] != "unix:///var/run/specdecode-docker-b.sock":
+        pytest.skip("kills the engine scripts/provision-docker-fleet.sh starts; not this one")
+    project.profiles(KILLED.format(a=ENGINES[0], args=FAST))
+    project.tests(TESTS)
+    env = {**os.environ, "PYTHONPATH": str(project.path), "FLEET_BOX_B": ENGINES[1]}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", *RUNS],
+        cwd=project.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not containers(ENGINES[1]):  # box-b's server is loading
+            assert proc.poll() is None
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1.0)
+        subprocess.run(["bash", str(FLEET_SCRIPT), "--kill-all"], check=True, timeout=120)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["bash", str(FLEET_SCRIPT)], check=True, timeout=300)  # engine B back
+    assert re.search(r"2 passed, 1 error", out), out
+    assert "on-b" in out
+    assert re.search(r"the Docker engine stopped answering|cannot reach the Docker engine", out), (
+        out
+    )
+    assert containers(ENGINES[0]) == []
+    # box-b's container came back with its engine (exited, not removed): the next session that
+    # reaches the engine removes it.
+    project.tests(TESTS.split('@pytest.mark.specdecode("on-b"')[0])
+    again = project.run(*RUNS)
+    again.assert_outcomes(passed=1)
+    assert containers(ENGINES[1]) == []
     assert containers(ENGINES[0]) == []
