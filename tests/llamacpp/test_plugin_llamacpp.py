@@ -334,7 +334,7 @@ def test_a_server_killed_mid_run_is_reported_clearly(project: LlamaProject) -> N
     text = result.stdout.str()
     assert re.search(
         r"server 'eagle3-random' died during run 1 \(exit code -9\); the request failed with: "
-        r"workload 'quick', run 0, request [2-4] of 4 \(\w+ prompt\): "
+        r"workload 'quick', run 1, request [2-4] of 4 \(\w+ prompt\): "
         r"http://127\.0\.0\.1:\d+/v1/completions: ",
         text,
     ), text
