@@ -305,6 +305,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         session.place(demand)  # the profiles' hosts, when the profile file has [hosts.NAME]
     except SpecdecodeError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if not session.is_xdist_worker:
+        for line in session.placement_lines():
+            _say(config, f"specdecode: placed on {line}")
     if xdist:
         # One group per profile, or per host when placed: one worker takes a host's profiles
         # in turn (one server per box at a time), different hosts run on different workers.
@@ -607,6 +610,7 @@ def _save_measurements(session: pytest.Session, sd: SpecdecodeSession) -> None:
             outbox = config.stash.setdefault(OUTBOX_KEY, _Outbox())
             workeroutput["specdecode_results"] = outbox.take(sd.results)
             workeroutput["specdecode_servers"] = sd.pool.counts.to_json()
+            workeroutput["specdecode_placement"] = sd.placement_lines()
         else:
             sd.servers.add(sd.pool.counts)
         # The xdist controller (DSession) stops what its workers started; without -n, sd.close()
@@ -733,6 +737,8 @@ def _write_summary(terminalreporter: Any, sd: SpecdecodeSession) -> None:
         if results or updates:
             terminalreporter.write_line("")
         terminalreporter.write_line(f"servers: {servers}")
+    for line in sd.placement_seen or sd.placement_lines():
+        terminalreporter.write_line(f"placed on {line}")
     for line in outputs:
         terminalreporter.write_line(line)
     for warning in sd.warnings:
@@ -782,6 +788,10 @@ class _XdistHooks:
                 "before are kept"
             )
         self._session.servers.add(ServerCounts.from_json(output.get("specdecode_servers", {})))
+        # every worker placed the same collection the same way: the first one's says it all
+        self._session.placement_seen = self._session.placement_seen or list(
+            output.get("specdecode_placement", [])
+        )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:

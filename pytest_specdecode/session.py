@@ -41,6 +41,7 @@ from pytest_specdecode.errors import (
     ServerError,
     ServerHungError,
     ServerMismatchError,
+    ServerStartError,
     SpecdecodeError,
 )
 from pytest_specdecode.fleet import Need, Placement, endpoint, place
@@ -131,6 +132,10 @@ class SpecdecodeSession:
         self._stalls: dict[str, StallBound] = {}
         self._placement: Placement | None = None
         self._placed: dict[str, ServerProfile] = {}  # profiles bound to their host
+        self._host_errors: dict[str, ServerError] = {}  # hosts whose endpoint is unknown
+        self._demand_of: dict[str, int] = {}
+        self.placement_seen: list[str] = []
+        """The placement as the xdist workers reported it (the controller collects nothing)."""
         self._attach_failures: dict[str, ServerError] = {}
 
     # -- profiles and target -------------------------------------------------------------
@@ -212,6 +217,7 @@ class SpecdecodeSession:
         if not hosts or self.settings.server_host:
             return
         profiles = self.profiles().profiles
+        self._demand_of = dict(demand)
         needs = {
             name: Need(gpus=len(profiles[name].gpus), hosts=profiles[name].hosts, tests=count)
             for name, count in demand.items()
@@ -219,9 +225,24 @@ class SpecdecodeSession:
         }
         self._placement = place(needs, list(hosts.values()), source=str(self.settings.config))
         for name, host in self._placement.host_of.items():
-            self._placed[name] = replace(
-                profiles[name], placed_on=host, docker_host=endpoint(hosts[host], self.env)
-            )
+            try:
+                docker_host: str | None = endpoint(hosts[host], self.env)
+            except ConfigError as exc:  # that host's tests fail with it; the others go on
+                self._host_errors[host] = ServerStartError(f"host {host!r}: {exc}")
+                docker_host = None
+            self._placed[name] = replace(profiles[name], placed_on=host, docker_host=docker_host)
+
+    def placement_lines(self) -> list[str]:
+        """``box-a: eagle3 (4 tests), nospec (2 tests)`` per host, for the terminal."""
+        if self._placement is None:
+            return []
+        lines = []
+        for host in self.profiles().hosts:
+            names = [n for n, h in self._placement.host_of.items() if h == host]
+            tests = {n: self._demand_of.get(n, 0) for n in names}
+            shown = ", ".join(f"{n} ({tests[n]} test{'s' * (tests[n] != 1)})" for n in names)
+            lines.append(f"{host}: {shown or 'nothing'}")
+        return lines
 
     def group_of(self, profile: str) -> str:
         """The xdist group of a profile's tests: its host's when placed, else its own."""
@@ -253,6 +274,8 @@ class SpecdecodeSession:
     # -- servers -------------------------------------------------------------------------
 
     def server_for(self, profile: ServerProfile) -> ServerHandle:
+        if profile.placed_on in self._host_errors:
+            raise self._host_errors[profile.placed_on]
         if self.settings.server_host:
             return self._attach(profile)
         return self.pool.acquire(profile)

@@ -8,6 +8,11 @@ the plugin's own controller/worker logic would see a worker where there is none.
 
 from __future__ import annotations
 
+# httpx 0.28 imports httpcore on its first connection. Where that is inside a pytester test,
+# pytester's teardown removes the modules the test imported, httpcore among them; the next
+# import makes new exception classes that httpx's mapping no longer knows, and a refused
+# connection escapes as httpcore.ConnectError. Imported here, before any snapshot, it stays.
+import httpcore  # noqa: F401
 import pytest
 
 XDIST_WORKER_VARIABLES = (

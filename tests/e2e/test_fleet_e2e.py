@@ -152,6 +152,8 @@ def test_profiles_run_on_their_hosts_and_one_report_holds_both(fleet, xdist):
     assert ENGINES[1].split("://")[-1] in logs["on-b"]
     out = result.stdout.str()
     assert "on-a @ box-a (simulated)" in out  # the host in the summary row
+    assert "placed on box-a: on-a (2 tests)" in out
+    assert "placed on box-b: on-b (1 test)" in out
     assert containers(ENGINES[0]) == []
     assert containers(ENGINES[1]) == []
 
@@ -180,16 +182,27 @@ def test_two_hosts_load_at_the_same_time(fleet):
     assert containers(ENGINES[1]) == []
 
 
-def test_an_unreachable_host_fails_its_tests_and_the_other_host_goes_on(fleet, monkeypatch):
+@pytest.mark.parametrize(
+    ("endpoint", "message"),
+    [
+        ("unix:///nonexistent/docker-b.sock", "cannot reach the Docker engine"),
+        (None, "takes its Docker endpoint from $FLEET_BOX_B, which is not set"),
+    ],
+    ids=["unreachable", "endpoint-unset"],
+)
+def test_a_host_that_cannot_be_reached_fails_its_tests_and_the_other_goes_on(
+    fleet, monkeypatch, endpoint, message
+):
     project = fleet
-    monkeypatch.setenv("FLEET_BOX_B", "unix:///nonexistent/docker-b.sock")
+    if endpoint is None:
+        monkeypatch.delenv("FLEET_BOX_B")
+    else:
+        monkeypatch.setenv("FLEET_BOX_B", endpoint)
     project.profiles(FLEET.format(a=ENGINES[0], args=FAST))
     project.tests(TESTS)
     result = project.run("-n", "2", *RUNS)
     result.assert_outcomes(passed=2, errors=1)
-    out = result.stdout.str()
-    assert "cannot reach the Docker engine" in out
-    assert "nonexistent/docker-b.sock" in out
+    assert message in result.stdout.str()
     assert containers(ENGINES[0]) == []
 
 
