@@ -10,6 +10,10 @@
 # CUDA wheels (gigabytes) that only its server needs. The client modules import just a few
 # packages; those are installed at the versions sglang's own metadata pins (openai==2.6.1 and
 # transformers==4.57.1 for 0.5.6), so the client code runs against what it was released with.
+# For 0.5.6 every package is pinned and hashed in scripts/sglang-client-requirements.txt and
+# installed with --no-deps --require-hashes: pip resolves nothing (77 s from an empty cache on
+# the CI machine kind, against 5 min 58 s resolving); another SGLANG_CLIENT_VERSION, or a Python
+# the pinned versions have no files for, resolves as before.
 #
 # Beside the venv, once: the argument code of SGLang releases 0.5.6, 0.5.15 and 0.5.23
 # (src_versions below), unpacked from their wheels into $cache/sglang-src/<version>/sglang/ with a
@@ -21,6 +25,7 @@
 # Environment: SPECDECODE_CACHE (default ~/.cache/pytest-specdecode), SGLANG_CLIENT_VERSION,
 # SGLANG_CLIENT_BASE_PYTHON (the interpreter the venv is made from: python3; 3.10 or newer).
 set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 version="${SGLANG_CLIENT_VERSION:-0.5.6}"
 cache="${SPECDECODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pytest-specdecode}"
@@ -153,11 +158,20 @@ rm -f "$stamp"
 rm -rf "$venv"
 "$base_python" -m venv "$venv" >&2 || die "'$base_python -m venv $venv' failed (is the venv module installed?)"
 pip=("$python" -m pip install --quiet --disable-pip-version-check)
-"${pip[@]}" --no-deps "sglang==$version" >&2 \
-  || die "'pip install --no-deps sglang==$version' failed: is the package index reachable?"
+# The release the lock file holds: every package pinned and hashed, installed as listed (no
+# resolution, no dependency of sglang's server). Any other release, or a Python the pinned
+# versions have no files for: resolve, as below.
+lock="$here/sglang-client-requirements.txt"
+locked="$(sed -n 's/^sglang==\([^ ]*\).*/\1/p' "$lock" 2>/dev/null || true)"
+if [ "$version" = "$locked" ] && "${pip[@]}" --no-deps --require-hashes -r "$lock" >&2; then
+  echo "installed the pinned, hashed packages of $lock" >&2
+else
+  [ "$version" = "$locked" ] && warn "the hashed install of $lock failed (above): resolving instead"
+  "${pip[@]}" --no-deps "sglang==$version" >&2 \
+    || die "'pip install --no-deps sglang==$version' failed: is the package index reachable?"
 
-# The client packages at sglang's own pins (name==x) where it pins them, else the newest.
-requirements=$("$python" - "$client_packages" <<'EOF'
+  # The client packages at sglang's own pins (name==x) where it pins them, else the newest.
+  requirements=$("$python" - "$client_packages" <<'EOF'
 import re
 import sys
 from importlib.metadata import requires
@@ -174,14 +188,15 @@ for line in requires("sglang") or []:
 for name in sorted(wanted):
     print(found.get(name, name))
 EOF
-) || die "could not read sglang $version's requirements from its metadata"
-echo "$requirements" | grep -q '^openai==' \
-  || die "sglang $version's metadata pins no openai version; got: $(echo $requirements)"
-echo "installing $(echo $requirements); pip will then list sglang's server dependencies" \
-  "(torch, flashinfer, ...) as missing: they are left out on purpose" >&2
-# shellcheck disable=SC2086  # one requirement per word, on purpose
-"${pip[@]}" $requirements >&2 \
-  || die "'pip install $(echo $requirements)' into $venv failed: is the package index reachable?"
+  ) || die "could not read sglang $version's requirements from its metadata"
+  echo "$requirements" | grep -q '^openai==' \
+    || die "sglang $version's metadata pins no openai version; got: $(echo $requirements)"
+  echo "installing $(echo $requirements); pip will then list sglang's server dependencies" \
+    "(torch, flashinfer, ...) as missing: they are left out on purpose" >&2
+  # shellcheck disable=SC2086  # one requirement per word, on purpose
+  "${pip[@]}" $requirements >&2 \
+    || die "'pip install $(echo $requirements)' into $venv failed: is the package index reachable?"
+fi
 
 "$python" -c "$check" >&2 \
   || die "the venv at $venv cannot import the client modules ('$check' failed above); \
