@@ -196,7 +196,7 @@ def bench_placement(seed: int, host_counts: Sequence[int], ratios: Sequence[int]
             )
             print(f"   placed {n_hosts} hosts x{ratio} in {seconds:.3f} s", file=sys.stderr)
     print(
-        "\n1. Placement (fleet.place): longest processing time first, over simulated hosts "
+        "\n1. Placement (fleet.place): least flexible, then longest first, over simulated hosts "
         f"(seed {seed}; cost unit: a test = 1, a load = {LOAD_COST:g})"
     )
     print(
