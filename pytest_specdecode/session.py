@@ -213,8 +213,10 @@ class SpecdecodeSession:
         the profile file's ``[hosts.NAME]`` (:mod:`pytest_specdecode.fleet`); nothing to do
         without hosts. Every xdist process computes the same placement from the same
         collection."""
+        if not demand or self.settings.server_host:
+            return  # a run without specdecode tests never reads the profile file
         hosts = self.profiles().hosts
-        if not hosts or self.settings.server_host:
+        if not hosts:
             return
         profiles = self.profiles().profiles
         self._demand_of = dict(demand)
