@@ -27,6 +27,11 @@ def test_nospec():
 """
 
 RUNS = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
+# The baselines these tests record are scaffolding for the outputs under test, with margins of
+# -50%: the noise guard (its own tests inject noise: test_baselines_e2e.py) is forced past,
+# since three 64-token runs on a loaded 2-core box can exceed its 8% CV limit
+# (reproduced beside two busy loops: "refusing to record a baseline", issue 13).
+RECORD = ("--update-baselines", "--specdecode-baseline-runs", "3", "--specdecode-force-baseline")
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -38,7 +43,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_every_output_of_a_nightly_session(project, monkeypatch):
     project.tests(TESTS)
-    project.run("--update-baselines", "--specdecode-baseline-runs", "3").assert_outcomes(passed=2)
+    project.run(*RECORD).assert_outcomes(passed=2)
 
     step_summary = project.path / "step-summary.md"
     step_summary.write_text("earlier step\n")
@@ -121,7 +126,7 @@ def test_every_output_of_a_nightly_session(project, monkeypatch):
 
 def test_under_xdist_the_controller_writes_one_history_line(project):
     project.tests(TESTS)
-    project.run("--update-baselines", "--specdecode-baseline-runs", "3").assert_outcomes(passed=2)
+    project.run(*RECORD).assert_outcomes(passed=2)
     for _ in range(2):
         result = project.run("-n", "2", *RUNS, "--specdecode-history=history.jsonl")
         result.assert_outcomes(passed=2)
