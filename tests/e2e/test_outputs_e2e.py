@@ -30,7 +30,8 @@ RUNS = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
 # The baselines these tests record are scaffolding for the outputs under test, with margins of
 # -50%: the noise guard (its own tests inject noise: test_baselines_e2e.py) is forced past,
 # since three 64-token runs on a loaded 2-core box can exceed its 8% CV limit
-# (reproduced beside two busy loops: "refusing to record a baseline", issue 13).
+# (reproduced in scripts/test-compat.sh beside a llama-server build: "refusing to record a
+# baseline", issue 13).
 RECORD = ("--update-baselines", "--specdecode-baseline-runs", "3", "--specdecode-force-baseline")
 
 
