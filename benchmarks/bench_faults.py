@@ -37,7 +37,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lifecycle import Project, sim_pids
+from bench_lifecycle import EVENTS_CONFTEST, Project, sim_pids
 
 RUNS = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
 FAST = '"--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1"'
@@ -79,16 +79,6 @@ max_new_tokens = 64
 concurrency = 1
 requests_per_run = 2
 warmup_requests = 1
-"""
-
-EVENTS_CONFTEST = """
-import json, os, time
-
-def pytest_runtest_logreport(report):
-    if report.failed:
-        with open(os.environ["BENCH_EVENTS"], "a") as out:
-            out.write(json.dumps({"test": report.nodeid, "when": report.when,
-                                  "t": time.time()}) + "\\n")
 """
 
 

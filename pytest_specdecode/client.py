@@ -176,16 +176,19 @@ class StallBound:
         self.longest_gap = 0.0  # streamed: the longest wait for the next chunk
         self.longest_response = 0.0  # not streamed: the longest whole response
 
+    def _seen(self, streaming: bool) -> float:
+        return self.longest_gap if streaming else self.longest_response
+
     def bound(self, streaming: bool) -> float:
         if self.fixed is not None:
             return self.fixed
-        seen = self.longest_gap if streaming else self.longest_response
+        seen = self._seen(streaming)
         return max(STALL_FLOOR, STALL_FACTOR * seen) if seen else STALL_INITIAL
 
     def explain(self, streaming: bool) -> str:
         if self.fixed is not None:
             return f"--specdecode-stall-timeout {self.fixed:g}"
-        seen = self.longest_gap if streaming else self.longest_response
+        seen = self._seen(streaming)
         if not seen:
             return f"the bound before anything was seen on this server: {STALL_INITIAL:g}s"
         what = "silence within a stream" if streaming else "response"

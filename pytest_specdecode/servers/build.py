@@ -116,7 +116,7 @@ def build_key(
     parts: dict[str, Any] = {"launcher": launcher}
     if launcher == "sim":
         parts["sim"] = f"{pytest_specdecode.__version__}+{_sim_sources_hash()}"
-        parts["python"] = _real(sys.executable)
+        parts["python"] = os.path.realpath(sys.executable)
     elif launcher == "docker":
         parts["image"] = image
         parts["image_id"] = image_id
@@ -126,7 +126,7 @@ def build_key(
         parts["binary"] = _file_stamp(binary) if binary else None
     else:
         interpreter = python or sys.executable
-        parts["python"] = _real(interpreter)
+        parts["python"] = os.path.realpath(interpreter)
         parts.update(_sglang_of(parts["python"]))
     parts["env"] = _build_env(launch_env)
     text = json.dumps(parts, sort_keys=True, default=str)
@@ -144,15 +144,8 @@ def _build_env(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _real(path: str) -> str:
-    try:
-        return os.path.realpath(path)
-    except OSError:
-        return path
-
-
 def _file_stamp(path: str) -> str:
-    real = _real(path)
+    real = os.path.realpath(path)
     try:
         stat = os.stat(real)
     except OSError:

@@ -46,6 +46,7 @@ from pytest_specdecode.errors import (
     ServerStartError,
     SpecdecodeError,
 )
+from pytest_specdecode.net import is_local_host
 from pytest_specdecode.servers.build import BuildKey
 from pytest_specdecode.servers.factory import (
     build_of,
@@ -572,11 +573,7 @@ class ServerPool:
         with self.state.edit() as entries:
             entries.pop(digest, None)
             recorded = [e for e in entries.values() if urlsplit(e.url).port == port]
-        holder = (
-            describe_holders(port)
-            if host in ("127.0.0.1", "localhost", "::1")
-            else (f"a server on {host}")
-        )
+        holder = describe_holders(port) if is_local_host(host) else f"a server on {host}"
         also = "".join(
             f"; it is the server pytest-specdecode recorded for profile {e.profile!r} ({e.status})"
             for e in recorded

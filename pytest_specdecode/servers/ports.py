@@ -164,10 +164,17 @@ def _socket_inodes(pid: int) -> list[int]:
     return out
 
 
-def _session(pid: int) -> int | None:
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, pgrp, session,
+    ...), or ``None`` when the process is gone or unreadable. The name is in parentheses and may
+    itself hold spaces or parentheses, so the fields start after the last ``)``."""
     try:
         stat = (_PROC / str(pid) / "stat").read_text()
     except OSError:
         return None
-    # after "(comm)": state ppid pgrp session ...
-    return int(stat.rsplit(")", 1)[1].split()[3])
+    return stat.rsplit(")", 1)[1].split()
+
+
+def _session(pid: int) -> int | None:
+    fields = proc_stat(pid)
+    return int(fields[3]) if fields else None

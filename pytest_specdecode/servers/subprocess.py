@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pytest_specdecode.errors import ServerStartError
 from pytest_specdecode.servers.launcher import ServerIdentity, redact_argv, wait_port_free
-from pytest_specdecode.servers.ports import session_holds_port
+from pytest_specdecode.servers.ports import proc_stat, session_holds_port
 
 
 class SubprocessLauncher:
@@ -172,24 +172,13 @@ def process_alive(pid: int) -> bool:
 
 
 def _state(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name is in parentheses and may itself contain spaces or parentheses.
-    return stat.rsplit(")", 1)[1].split()[0]
+    fields = proc_stat(pid)
+    return fields[0] if fields else None
 
 
 def _group_members(pgid: int) -> list[int]:
     members = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid:
+        if entry.isdigit() and (fields := proc_stat(int(entry))) and int(fields[2]) == pgid:
             members.append(int(entry))
     return members

@@ -10,7 +10,6 @@ server, and a server stuck at 503.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from pytest_runs import durations, suite_of
 
 from pytest_specdecode.servers.launcher import find_free_port, port_in_use
 
@@ -51,26 +51,6 @@ concurrency = 1
 requests_per_run = 2
 warmup_requests = 1
 """
-
-
-def suite_of(*profiles: str) -> str:
-    lines = ["import pytest", ""]
-    for index, profile in enumerate(profiles, 1):
-        lines += [
-            f'@pytest.mark.specdecode("{profile}", workload="fast")',
-            f"def test_{index}_{profile}(): pass",
-            "",
-        ]
-    return "\n".join(lines)
-
-
-def durations(result: pytest.RunResult) -> dict[tuple[str, str], float]:
-    found = re.findall(
-        r"^([\d.]+)s (setup|call|teardown)\s+test_perf\.py::(\w+)$",
-        result.stdout.str(),
-        re.MULTILINE,
-    )
-    return {(test, phase): float(seconds) for seconds, phase, test in found}
 
 
 def test_a_server_frozen_right_after_ready_fails_within_the_stall_bound(project):

@@ -18,6 +18,7 @@ import time
 
 import pytest
 from contract.sglang_sources import cache_dir, stubbed_release, write_stub_site
+from pytest_runs import durations, suite_of
 
 # where scripts/provision-sglang-client.sh put the SGLang sources (resolved before pytester
 # points HOME elsewhere)
@@ -66,29 +67,6 @@ concurrency = 1
 requests_per_run = 2
 warmup_requests = 1
 """
-
-
-def suite_of(*profiles: str) -> str:
-    """One test per profile named, in order: ``test_1_<profile>``, ``test_2_<profile>``, ..."""
-    lines = ["import pytest", ""]
-    for index, profile in enumerate(profiles, 1):
-        name = profile.replace("-", "_")
-        lines += [
-            f'@pytest.mark.specdecode("{profile}", workload="fast")',
-            f"def test_{index}_{name}(): pass",
-            "",
-        ]
-    return "\n".join(lines)
-
-
-def durations(result: pytest.RunResult) -> dict[tuple[str, str], float]:
-    """``(test, phase) -> seconds`` from ``--durations=0 -vv``."""
-    found = re.findall(
-        r"^([\d.]+)s (setup|call|teardown)\s+test_perf\.py::(\w+)$",
-        result.stdout.str(),
-        re.MULTILINE,
-    )
-    return {(test, phase): float(seconds) for seconds, phase, test in found}
 
 
 def section(result: pytest.RunResult, test: str) -> str:
