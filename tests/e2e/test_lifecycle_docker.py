@@ -358,7 +358,12 @@ def test_the_plugin_runs_the_sim_image_in_a_container_and_removes_it(
     project.tests(PLUGIN_DOCKER_TEST.format(name=profile_name))
     argv = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
 
-    recorded = project.run("--update-baselines", "--specdecode-baseline-runs", "3")
+    # The baseline is scaffolding for the lifecycle under test: three runs in a container on a
+    # loaded 2-core CI box can exceed the noise guard's 8% CV (seen: 10.7%), which has tests of
+    # its own (test_baselines_e2e.py), so it is forced past here.
+    recorded = project.run(
+        "--update-baselines", "--specdecode-baseline-runs", "3", "--specdecode-force-baseline"
+    )
     recorded.assert_outcomes(passed=1)
     recorded.stdout.fnmatch_lines(
         [f"*{profile_name}: starting (docker)*", f"*{profile_name} (simulated)*RECORDED*"]
