@@ -6,7 +6,18 @@ with (dashed), the baseline's run-to-run band (mean ± one standard deviation of
 runs, shaded, when the history knows it) and the margin's threshold (dotted). A session whose
 check of that metric failed carries a red ✕, one whose test failed on another check a red ring;
 spans where a regression of that metric persisted (see :mod:`pytest_specdecode.outputs.trend`) are
-tinted red. Simulated figures say so in the title.
+tinted red. A session in which a test errored or crashed (its server did not start or died, its
+body raised) has no value: it carries a letter E in the test's colour at that session's time, in
+a shaded strip at the bottom of every panel of a metric the test measures (a test never measured:
+every panel). The E's are placed in axes coordinates and the y axis is lowered so that every value
+lies above the strip: an E never reads as a value; the E's of several tests stack. The x axis
+keeps that session's date even when all its tests errored, the legend explains the E, the title
+counts the sessions with errors, and a history in which every test errored is a picture of E's,
+each test still named in the legend (a history without any test has none: ValueError).
+Simulated figures say so in the title.
+
+:func:`trend_figure` builds the picture as a matplotlib ``Figure`` (for a look at its artists);
+:func:`plot_trend` writes it to a PNG.
 
 matplotlib is an optional dependency (``pip install 'pytest-specdecode[plot]'``), imported only
 when a picture is drawn; the rest of the package works without it. The picture is drawn with the
@@ -29,11 +40,18 @@ from pytest_specdecode.outputs.trend import TrendRow, TrendTable, trend
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 PLOTTED_METRICS = ("tok_s", "accept_length")
 DEFAULT_SIZE = (1200, 800)
 DPI = 100
 INSTALL_HINT = "pip install 'pytest-specdecode[plot]'"
+ERRORED_MARKER = "$E$"  # mathtext: the letter E as a marker
+ERRORED_GID = "errored"  # the gid of the artists marking errored sessions
+ERRORED_KEY = "errored or crashed (no value)"
+# heights (axes fraction) of the E marks: the n-th test with errors sits on ERRORED_HEIGHTS[n % 4]
+ERRORED_HEIGHTS = (0.04, 0.10, 0.16, 0.22)
+ERRORED_STRIP_PAD = 0.04  # the strip of E marks ends this far (axes fraction) above the top one
 
 DateConverter = Callable[[Sequence[datetime]], list[float]]
 
@@ -52,17 +70,41 @@ def plot_trend(
 ) -> Path:
     """Draw the trend of ``records`` (history lines) to the PNG ``path``, ``size`` pixels
     (width, height), atomically; returns ``path``."""
+    figure = _figure(records, size, persist, title, f" into {path}")
+    _save(figure, Path(path))
+    return Path(path)
+
+
+def trend_figure(
+    records: Iterable[Mapping[str, Any]],
+    *,
+    size: tuple[int, int] = DEFAULT_SIZE,
+    persist: int = 2,
+    title: str = "pytest-specdecode trend",
+) -> Figure:
+    """The picture :func:`plot_trend` draws, as a matplotlib ``Figure`` on an Agg canvas,
+    not saved."""
+    return _figure(records, size, persist, title, "")
+
+
+def _figure(
+    records: Iterable[Mapping[str, Any]],
+    size: tuple[int, int],
+    persist: int,
+    title: str,
+    target: str,
+) -> Figure:
     width, height = _check_size(size)
     table = trend(records, persist=persist)
     if not table.rows:
-        raise ValueError(f"nothing to plot into {path}: the selected history has no tests")
+        raise ValueError(f"nothing to plot{target}: the selected history has no tests")
     try:
         import matplotlib.dates as mdates
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise PlotDependencyError(
-            f"drawing the trend picture {path} needs matplotlib, which is not installed "
+            f"drawing the trend picture{target} needs matplotlib, which is not installed "
             f"({exc}); install it with: {INSTALL_HINT}"
         ) from exc
 
@@ -71,29 +113,44 @@ def plot_trend(
     axes = figure.subplots(len(PLOTTED_METRICS), 1, sharex=True, squeeze=False)[:, 0]
     colors = [f"C{i % 10}" for i in range(len(table.rows))]
     labels = _labels(table)
+    heights = _errored_heights(table)
 
     def to_num(times: Sequence[datetime]) -> list[float]:
         return [float(v) for v in mdates.date2num(list(times))]  # type: ignore[no-untyped-call]
 
     for ax, metric in zip(axes, PLOTTED_METRICS, strict=True):
-        drawn = 0
-        for row, color, label in zip(table.rows, colors, labels, strict=True):
-            drawn += _draw_series(ax, row, metric, color, label, to_num)
+        drawn, marks = 0, []
+        for index, (row, color, label) in enumerate(zip(table.rows, colors, labels, strict=True)):
+            series = _draw_series(ax, row, metric, color, label, to_num)
+            drawn += series
+            # the label names the colour once: on the E marks where the test has no series here
+            mark_label = "_nolegend_" if series else label
+            at = heights.get(index, ERRORED_HEIGHTS[0])
+            if _draw_errored(ax, row, metric, color, mark_label, at, to_num):
+                marks.append(at)
         info = METRICS[metric]
         ax.set_ylabel(f"{info.label} ({info.unit})")
         ax.grid(True, alpha=0.3)
+        if marks:
+            _errored_strip(ax, max(marks) + ERRORED_STRIP_PAD, values=bool(drawn))
         if not drawn:
+            note = " (its tests errored or crashed)" if marks else ""
             ax.text(
                 0.5,
                 0.5,
-                f"no {info.label} in the selected history",
+                f"no {info.label} in the selected history{note}",
                 transform=ax.transAxes,
                 ha="center",
                 va="center",
                 color="0.4",
             )
-        else:
-            _legend(ax)
+            ax.tick_params(axis="y", left=False, labelleft=False)  # no values, no scale
+        if drawn or marks:
+            _legend(ax, values=bool(drawn), errored=bool(marks))
+    times = {p.time for row in table.rows for p in row.points}
+    if len(times) == 1:  # a day either side, not the two years matplotlib gives one date
+        (only,) = to_num(list(times))
+        axes[-1].set_xlim(only - 1.0, only + 1.0)
     # matplotlib.dates has no type annotations (the rest of matplotlib has).
     locator = mdates.AutoDateLocator()  # type: ignore[no-untyped-call]
     axes[-1].xaxis.set_major_locator(locator)
@@ -101,12 +158,17 @@ def plot_trend(
         mdates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]
     )
     heading = title + (" (SIMULATED: not hardware figures)" if table.simulated else "")
+    errors = (
+        f", {table.errored_sessions} with tests that errored or crashed"
+        if table.errored_sessions
+        else ""
+    )
     figure.suptitle(
-        f"{heading}\nflags after {table.persist} consecutive sessions; {table.sessions} session(s)",
+        f"{heading}\nflags after {table.persist} consecutive sessions; "
+        f"{table.sessions} session(s){errors}",
         fontsize=11,
     )
-    _save(figure, Path(path))
-    return Path(path)
+    return figure
 
 
 def _check_size(size: tuple[int, int]) -> tuple[int, int]:
@@ -218,8 +280,68 @@ def _draw_series(
     return 1
 
 
-def _legend(ax: Axes) -> None:
-    """The series by profile, then grey keys for what every series draws behind it."""
+def _errored_heights(table: TrendTable) -> dict[int, float]:
+    """The height of the E marks of each row with errored sessions, by row index: rows with
+    errors take the heights in turn, so the E's of one night do not hide each other."""
+    with_errors = [i for i, row in enumerate(table.rows) if any(p.errored for p in row.points)]
+    return {index: ERRORED_HEIGHTS[n % len(ERRORED_HEIGHTS)] for n, index in enumerate(with_errors)}
+
+
+def _draw_errored(
+    ax: Axes,
+    row: TrendRow,
+    metric: str,
+    color: str,
+    label: str,
+    height: float,
+    to_num: DateConverter,
+) -> int:
+    """An E in the row's colour at each errored session of ``row``, pinned near the bottom of
+    ``ax``; none in the panel of a metric the test measured in other sessions but never this
+    one (no accept length without speculation)."""
+    errored = [p for p in row.points if p.errored]
+    measured = any(p.means for p in row.points)
+    if not errored or (measured and not any(metric in p.means for p in row.points)):
+        return 0
+    from matplotlib.transforms import blended_transform_factory
+
+    # A line without a line, not a scatter: matplotlib widens the x limits to its x data (in
+    # data coordinates) and leaves the y limits alone (in axes coordinates), so a session whose
+    # tests all errored keeps its date on the x axis.
+    ax.plot(
+        to_num([p.time for p in errored]),
+        [height] * len(errored),
+        transform=blended_transform_factory(ax.transData, ax.transAxes),
+        ls="",
+        marker=ERRORED_MARKER,
+        ms=10,
+        color=color,
+        mec="black",
+        mew=0.3,
+        label=label,
+        gid=ERRORED_GID,
+        zorder=6,
+        clip_on=False,
+    )
+    return 1
+
+
+def _errored_strip(ax: Axes, top: float, *, values: bool) -> None:
+    """Shade the bottom ``top`` of ``ax`` (axes fraction), where the E marks are, and, when the
+    panel has ``values``, lower its y limits so that no value is drawn in that strip."""
+    from matplotlib.patches import Rectangle
+
+    ax.add_patch(
+        Rectangle((0.0, 0.0), 1.0, top, transform=ax.transAxes, color="0.5", alpha=0.08, lw=0)
+    )
+    if values:
+        low, high = ax.get_ylim()
+        ax.set_ylim(low - (high - low) * top / (1.0 - top), high)
+
+
+def _legend(ax: Axes, *, values: bool = True, errored: bool = False) -> None:
+    """The series by profile, then grey keys for what every series draws behind it (when the
+    panel has ``values``) and for the E marks (when it has ``errored`` sessions)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -238,6 +360,15 @@ def _legend(ax: Axes) -> None:
         ),
         (Patch(color="red", alpha=0.12), "persistent regression"),
     ]
+    if not values:  # no series: nothing behind one to explain
+        keys.clear()
+    if errored:
+        keys.append(
+            (
+                Line2D([], [], ls="", marker=ERRORED_MARKER, ms=10, color="0.3", mec="black"),
+                ERRORED_KEY,
+            )
+        )
     ax.legend(
         [*handles, *(h for h, _ in keys)],
         [*labels, *(text for _, text in keys)],

@@ -22,8 +22,15 @@ from pytest_specdecode.outputs.history import (
     read_history,
 )
 from pytest_specdecode.outputs.trend import format_table, select, trend
-from pytest_specdecode.outputs.trend_plot import INSTALL_HINT, PlotDependencyError, plot_trend
+from pytest_specdecode.outputs.trend_plot import (
+    ERRORED_KEY,
+    INSTALL_HINT,
+    PlotDependencyError,
+    plot_trend,
+    trend_figure,
+)
 from pytest_specdecode.result import SpecdecodeResult as Result
+from pytest_specdecode.result import TestError
 
 SESSION = {
     "started_utc": "2026-11-29T02:40:00Z",
@@ -367,6 +374,124 @@ def test_plot_trend_rejects_bad_sizes_and_empty_histories(tmp_path: Path) -> Non
         plot_trend([night(1)], tmp_path / "t.png", size=(0, 600))
     with pytest.raises(ValueError, match="no tests"):
         plot_trend([], tmp_path / "t.png")
+    with pytest.raises(ValueError, match="no tests"):
+        plot_trend([{**night(1), "tests": []}], tmp_path / "t.png")  # sessions, but no tests
+
+
+def errored_night(day: int, profiles: tuple[str, ...] = (TWO_STEP,)) -> dict[str, Any]:
+    """The history record of a session on 2026-11-``day`` at 03:00 UTC in which the server of
+    every test of ``profiles`` did not start: no values, outcome "error"."""
+    crash = TestError(phase="setup", type="ServerStartError", cause="server did not start")
+    results = []
+    for profile in profiles:
+        seed = seed_result(profile)
+        results.append(
+            Result.errored(
+                seed.test_id,
+                profile=seed.profile,
+                simulated=seed.simulated,
+                hardware_key=seed.hardware_key,
+                workload_name=seed.workload_name,
+                workload_hash=seed.workload_hash,
+                fingerprint=seed.fingerprint,
+                error=crash,
+            )
+        )
+    return history_record(
+        results,
+        session_info={
+            **SESSION,
+            "started_utc": f"2026-11-{day:02d}T02:40:00Z",
+            "finished_utc": f"2026-11-{day:02d}T03:00:00Z",
+            "exit_status": 1,
+        },
+    )
+
+
+def _errored_marks(ax: Any) -> list[Any]:
+    return [line for line in ax.get_lines() if line.get_gid() == "errored"]
+
+
+def _series_colors(ax: Any) -> dict[str, Any]:
+    """The line colour of each test's series (its error bar line), by legend label."""
+    return {
+        c.get_label(): c.lines[0].get_color() for c in ax.containers if c.get_label()[:1] != "_"
+    }
+
+
+def test_plot_trend_marks_an_errored_session_at_its_time_pinned_below_the_values() -> None:
+    mpl = pytest.importorskip(
+        "matplotlib", reason="the trend picture needs matplotlib (the 'plot' extra)"
+    )
+    import matplotlib.dates as mdates
+
+    # the third session had only errored tests: the two-step and the no-spec servers died
+    records = [night(1), night(2), errored_night(3, ("nospec-nccl", TWO_STEP))]
+    figure = trend_figure(records)
+    crash_x = mdates.date2num(datetime(2026, 11, 3, 3, 0, tzinfo=timezone.utc))
+    tok_s, accept = figure.axes[:2]
+    colors = _series_colors(tok_s)
+    for ax, profiles in ((tok_s, {"nospec-nccl", TWO_STEP}), (accept, {TWO_STEP})):
+        marks = _errored_marks(ax)
+        # one mark per errored test in the panel of a metric it measures (no-spec has no
+        # accept length), in the colour of that test's line
+        assert sorted(mpl.colors.to_hex(m.get_color()) for m in marks) == sorted(
+            mpl.colors.to_hex(colors[p]) for p in profiles
+        )
+        for mark in marks:
+            assert list(mark.get_xdata()) == [pytest.approx(crash_x)]
+            # x in data, y in axes coordinates: pinned near the bottom, not a value
+            assert mark.get_transform().contains_branch_seperately(ax.transData) == (True, False)
+            assert 0.0 < mark.get_ydata()[0] < 0.3
+            assert mark.get_marker() == "$E$"
+        assert len({m.get_ydata()[0] for m in marks}) == len(marks)  # never on top of each other
+        # the y axis is lowered so that every value lies above the strip of E's
+        low, high = ax.get_ylim()
+        assert (ax.dataLim.y0 - low) / (high - low) > max(m.get_ydata()[0] for m in marks)
+        low, high = ax.get_xlim()
+        assert low < crash_x < high  # the x axis gives the all-errored session its date
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert ERRORED_KEY in legend
+        assert ERRORED_KEY == "errored or crashed (no value)"
+    assert "3 session(s), 1 with tests that errored or crashed" in figure.get_suptitle()
+
+    no_error = trend_figure([night(1), night(2)])
+    assert not any(_errored_marks(ax) for ax in no_error.axes)
+    assert ERRORED_KEY not in [t.get_text() for t in no_error.axes[0].get_legend().get_texts()]
+    assert "with tests that errored" not in no_error.get_suptitle()
+
+
+def test_plot_trend_draws_a_history_in_which_every_test_errored(tmp_path: Path) -> None:
+    mpl = pytest.importorskip(
+        "matplotlib", reason="the trend picture needs matplotlib (the 'plot' extra)"
+    )
+    import matplotlib.dates as mdates
+
+    profiles = ("nospec-nccl", TWO_STEP)
+    records = [errored_night(day, profiles) for day in (4, 6)]
+    figure = trend_figure(records)
+    days = [mdates.date2num(datetime(2026, 11, d, 3, 0, tzinfo=timezone.utc)) for d in (4, 6)]
+    colors = set()
+    for ax in figure.axes[:2]:
+        marks = _errored_marks(ax)
+        assert len(marks) == 2  # a test never measured: its errors are in every panel
+        for mark in marks:
+            assert list(mark.get_xdata()) == pytest.approx(days)
+            colors.add(mpl.colors.to_hex(mark.get_color()))
+        low, high = ax.get_xlim()
+        assert low < days[0]
+        assert days[1] < high
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        # each test's colour is named although it has no line, and the mark is explained
+        assert legend[:2] == list(profiles)
+        assert ERRORED_KEY in legend
+        assert "errored or crashed" in " ".join(t.get_text() for t in ax.texts)
+    assert len(colors) == 2
+    assert "2 session(s), 2 with tests that errored or crashed" in figure.get_suptitle()
+    assert _png_size(plot_trend(records, tmp_path / "e.png", size=(800, 500))) == (800, 500)
+
+    (single,) = trend_figure(records[:1]).axes[:1]  # one session: a day either side of its date
+    assert single.get_xlim() == pytest.approx((days[0] - 1.0, days[0] + 1.0))
 
 
 def test_plot_trend_without_matplotlib_names_the_extra(
