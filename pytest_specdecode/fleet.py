@@ -51,11 +51,21 @@ class HostSpec:
 
 @dataclass(frozen=True)
 class Need:
-    """What one profile asks of a host: how many GPUs, which hosts it may use, how many tests."""
+    """What one profile asks of a host: how many GPUs, which hosts it may use, how many tests.
+
+    ``indices`` are the profile's ``gpus`` as written: positions in a host's ``gpus`` list (as
+    ``gpus`` index the GPUs ``CUDA_VISIBLE_DEVICES`` leaves visible on one box), so a host must
+    have more GPUs than the highest of them, not merely as many as there are."""
 
     gpus: int
     hosts: tuple[str, ...] = ()  # empty: any host
     tests: int = 1
+    indices: tuple[int, ...] = ()
+
+    @property
+    def gpus_needed(self) -> int:
+        """How many GPUs a host must list to take this profile."""
+        return max(self.gpus, max(self.indices, default=-1) + 1)
 
 
 @dataclass
@@ -106,16 +116,30 @@ def _fitting(name: str, need: Need, by_name: Mapping[str, HostSpec], source: str
             f"{', '.join(sorted(by_name)) or 'none'} (add [hosts.NAME] tables)",
             source=source,
         )
-    fitting = [h for h in allowed if len(by_name[h].gpus) >= need.gpus]
+    fitting = [h for h in allowed if len(by_name[h].gpus) >= need.gpus_needed]
     if not fitting:
+        asks = (
+            f"uses GPUs {list(need.indices)} (positions in a host's gpus list), so it needs "
+            f"a host with {need.gpus_needed}"
+            if need.gpus_needed > need.gpus
+            else f"needs {need.gpus} GPU(s)"
+        )
         raise ConfigError(
-            f"profile {name!r} needs {need.gpus} GPU(s), but none of its hosts "
+            f"profile {name!r} {asks}, but none of its hosts "
             f"{list(allowed)} has that many ("
             + ", ".join(f"{h}: {len(by_name[h].gpus)}" for h in allowed)
             + "); give a host more gpus or the profile another host",
             source=source,
         )
     return fitting
+
+
+def device_gpus(host: HostSpec, indices: Sequence[int]) -> tuple[int, ...]:
+    """The GPUs of ``host`` a profile with ``gpus = indices`` gets: the host's ``gpus`` at those
+    positions (``gpus = [4, 5, 6, 7]`` on the host and ``[0, 1]`` in the profile: GPUs 4 and 5
+    of that box), the ids its engine is asked for and its GPU locks are named by. A profile
+    without GPUs gets none. :func:`place` has checked that the positions exist."""
+    return tuple(host.gpus[index] for index in indices)
 
 
 def endpoint(host: HostSpec, env: Mapping[str, str]) -> str:

@@ -333,7 +333,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if (spec := item.stash.get(SPEC_KEY, None)) is not None and spec.server
     )
     sd = _session(session.config)
-    sd.pool.set_demand(None if sd.is_xdist_worker else demand)
+    sd.pool.set_demand(None if sd.is_xdist_worker else demand, hosts=sd.host_of)
     sd.plan(list(demand.elements()))
     sd.note_selected([item.stash[NODEID_KEY] for item in session.items if NODEID_KEY in item.stash])
 

@@ -44,7 +44,7 @@ from pytest_specdecode.errors import (
     ServerStartError,
     SpecdecodeError,
 )
-from pytest_specdecode.fleet import Need, Placement, endpoint, place
+from pytest_specdecode.fleet import Need, Placement, device_gpus, endpoint, place
 from pytest_specdecode.launches import LaunchPrior, prior_for
 from pytest_specdecode.machine_load import LoadSampler, comparison_warnings, recording_warning
 from pytest_specdecode.markers import MarkerSpec
@@ -221,7 +221,12 @@ class SpecdecodeSession:
         profiles = self.profiles().profiles
         self._demand_of = dict(demand)
         needs = {
-            name: Need(gpus=len(profiles[name].gpus), hosts=profiles[name].hosts, tests=count)
+            name: Need(
+                gpus=len(profiles[name].gpus),
+                hosts=profiles[name].hosts,
+                tests=count,
+                indices=profiles[name].gpus,
+            )
             for name, count in demand.items()
             if profiles[name].launcher == "docker"
         }
@@ -232,7 +237,12 @@ class SpecdecodeSession:
             except ConfigError as exc:  # that host's tests fail with it; the others go on
                 self._host_errors[host] = ServerStartError(f"host {host!r}: {exc}")
                 docker_host = None
-            self._placed[name] = replace(profiles[name], placed_on=host, docker_host=docker_host)
+            self._placed[name] = replace(
+                profiles[name],
+                placed_on=host,
+                docker_host=docker_host,
+                gpus=device_gpus(hosts[host], profiles[name].gpus),
+            )
 
     def placement_lines(self) -> list[str]:
         """``box-a: eagle3 (4 tests), nospec (2 tests)`` per host, for the terminal."""
@@ -241,10 +251,21 @@ class SpecdecodeSession:
         lines = []
         for host in self.profiles().hosts:
             names = [n for n, h in self._placement.host_of.items() if h == host]
-            tests = {n: self._demand_of.get(n, 0) for n in names}
-            shown = ", ".join(f"{n} ({tests[n]} test{'s' * (tests[n] != 1)})" for n in names)
+            shown = ", ".join(self._placed_text(n) for n in names)
             lines.append(f"{host}: {shown or 'nothing'}")
         return lines
+
+    @property
+    def host_of(self) -> dict[str, str]:
+        """Profile -> the fleet host it was placed on (empty without ``[hosts.NAME]``)."""
+        return dict(self._placement.host_of) if self._placement is not None else {}
+
+    def _placed_text(self, name: str) -> str:
+        """``eagle3 (4 tests, GPUs 4,5,6,7)``: the GPUs are the box's, after the mapping."""
+        tests = self._demand_of.get(name, 0)
+        gpus = self._placed[name].gpus
+        on = f", GPUs {','.join(map(str, gpus))}" if gpus else ""
+        return f"{name} ({tests} test{'s' * (tests != 1)}{on})"
 
     def group_of(self, profile: str) -> str:
         """The xdist group of a profile's tests: its host's when placed, else its own."""

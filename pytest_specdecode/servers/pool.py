@@ -12,9 +12,11 @@
   its siblings will need, so it stops nothing itself; servers are stopped when another profile
   needs their GPUs, and at the end by the controller (:func:`finish_run`).
 * **Keep-alive.** With ``keep_alive`` the last server is left running and recorded without an
-  owner; the next session reuses it if the fingerprint still matches, or stops it if it needs
-  the GPUs for something else. A server whose owning process died (pytest was killed) is
-  treated the same way, so it is adopted or stopped, never leaked.
+  owner - the last one of each fleet host (``[hosts.NAME]``), so every box has its server
+  waiting for the next night, and one for this machine; the next session reuses it if the
+  fingerprint still matches, or stops it if it needs the GPUs for something else. A server
+  whose owning process died (pytest was killed) is treated the same way, so it is adopted or
+  stopped, never leaked.
 * **No gap between two tests.** A test that is followed by another test of the same profile in
   the same process keeps its lease over the gap (``release(hold=True)``), so an xdist sibling
   waiting for the same GPUs cannot stop the server between the two and force a second load.
@@ -186,6 +188,7 @@ class ServerPool:
         self._lease = lease_key(run_id, worker)
         self._handles: dict[str, ServerHandle] = {}
         self._demand: Counter[str] | None = None
+        self._host_of: dict[str, str] = {}  # profile -> its fleet host ("" = this machine)
         self._failures: dict[str, ServerError] = {}
         self._gpu_locks: dict[str, FileLock] = {}
         self._held: dict[str, ServerProfile] = {}  # leases kept for this process's next test
@@ -212,9 +215,13 @@ class ServerPool:
 
     # -- demand --------------------------------------------------------------------------
 
-    def set_demand(self, demand: Mapping[str, int] | None) -> None:
-        """How many collected tests need each profile; ``None`` (xdist) = never stop early."""
+    def set_demand(
+        self, demand: Mapping[str, int] | None, *, hosts: Mapping[str, str] | None = None
+    ) -> None:
+        """How many collected tests need each profile; ``None`` (xdist) = never stop early.
+        ``hosts``: the fleet host each placed profile runs on (keep-alive keeps one per host)."""
         self._demand = None if demand is None else Counter(demand)
+        self._host_of = dict(hosts or {})
 
     # -- acquire / release ---------------------------------------------------------------
 
@@ -300,9 +307,14 @@ class ServerPool:
         self._demand[profile.name] -= 1
         if hold or self._demand[profile.name] > 0:
             return
-        others_pending = any(n > 0 for name, n in self._demand.items() if name != profile.name)
+        here = self._host_of.get(profile.name, "")
+        others_pending = any(
+            n > 0
+            for name, n in self._demand.items()
+            if name != profile.name and self._host_of.get(name, "") == here
+        )
         if self.keep_alive and not others_pending:
-            return  # the last server of the session: close() leaves it running
+            return  # the last server of the session on its host: close() leaves it running
         self._stop_profile(profile, reason="its last test has finished")
 
     def relaunch(self, profile: ServerProfile, *, reason: str) -> ServerHandle:
@@ -385,9 +397,11 @@ class ServerPool:
             else:
                 found = None
                 self._held.pop(profile.name, None)  # its server is gone, and so is the lease
-                others = [e for e in entries.values() if e.digest != digest]
+                # Servers on other hosts share neither GPUs nor anything else with this one
+                # (the same configuration on two boxes is two servers, each kept by its own).
                 here = profile.placed_on or ""
-                conflicts = [e for e in others if e.host == here and _overlap(e.gpus, profile.gpus)]
+                others = [e for e in entries.values() if e.digest != digest and e.host == here]
+                conflicts = [e for e in others if _overlap(e.gpus, profile.gpus)]
                 fingerprint = profile.fingerprint().digest
                 for other in others:
                     if other.fingerprint == fingerprint and other.digest not in self._told:
@@ -744,12 +758,12 @@ class ServerPool:
         if self._demand is None:
             self._handles.clear()  # xdist worker: the controller decides (finish_run)
             return
-        keep = self._last_running() if self.keep_alive else None
+        keep = self._last_running_per_host() if self.keep_alive else set()
         for name, handle in list(self._handles.items()):
             if handle.origin == "attached":
                 continue
             digest = self.key_for(handle.profile)
-            if name == keep:
+            if name in keep:
                 with self.state.edit() as entries:
                     if digest in entries:
                         entries[digest].owner = None
@@ -759,13 +773,14 @@ class ServerPool:
             self._stop_profile(handle.profile, reason="end of the test session")
         self._handles.clear()
 
-    def _last_running(self) -> str | None:
-        alive = [
-            (name, h)
-            for name, h in self._handles.items()
-            if h.origin != "attached" and h.exit_code() is None
-        ]
-        return alive[-1][0] if alive else None
+    def _last_running_per_host(self) -> set[str]:
+        """The profiles whose server keep-alive leaves running: on each host (this machine
+        counting as one), the one started or reused last that is still alive."""
+        last: dict[str, str] = {}
+        for name, handle in self._handles.items():  # in the order they were acquired
+            if handle.origin != "attached" and handle.exit_code() is None:
+                last[handle.profile.placed_on or ""] = name
+        return set(last.values())
 
 
 def finish_run(
@@ -776,8 +791,9 @@ def finish_run(
     on_event: EventSink | None = None,
     grace: float = 30.0,
 ) -> ServerCounts:
-    """The xdist controller's teardown: stop the servers its workers started (all but the most
-    recently used one with ``keep_alive``). Returns what it stopped and kept."""
+    """The xdist controller's teardown: stop the servers its workers started (all but, with
+    ``keep_alive``, the most recently used one of each host, this machine counting as one).
+    Returns what it stopped and kept."""
     emit = on_event or (lambda message: None)
     counts = ServerCounts()
     state = StateFile(state_dir)
@@ -788,11 +804,15 @@ def finish_run(
             (e for e in entries.values() if e.owner and e.owner.run == run_id),
             key=lambda e: e.last_used_unix,
         )
-        keep = owned.pop() if keep_alive and owned and owned[-1].status == "ready" else None
-        if keep is not None:
-            keep.owner = None
-            counts.kept[keep.profile] += 1
-            emit(f"{keep.profile}: left running for the next session at {keep.url}")
+        newest: dict[str, Entry] = {}
+        for entry in owned:  # oldest first: the last one seen on a host is its newest
+            newest[entry.host] = entry
+        kept = [e for e in newest.values() if e.status == "ready"] if keep_alive else []
+        for entry in kept:
+            entry.owner = None
+            counts.kept[entry.profile] += 1
+            emit(f"{entry.profile}: left running for the next session at {entry.url}")
+        owned = [e for e in owned if e not in kept]
         for entry in owned:
             del entries[entry.digest]
     for entry in owned:

@@ -158,6 +158,29 @@ def test_profiles_run_on_their_hosts_and_one_report_holds_both(fleet, xdist):
     assert containers(ENGINES[1]) == []
 
 
+@pytest.mark.parametrize("xdist", [("-n", "2"), ()], ids=["xdist", "one-process"])
+def test_keep_server_leaves_one_server_on_each_host_for_the_next_night(fleet, xdist):
+    """With --specdecode-keep-server every box keeps its last server (under xdist the controller
+    decides, in one process the pool): the next night loads nothing on either box."""
+    project = fleet
+    project.profiles(FLEET.format(a=ENGINES[0], args=FAST))
+    project.tests(TESTS)
+    first = project.run(*xdist, *RUNS, "--specdecode-keep-server")
+    first.assert_outcomes(passed=3)
+    out = first.stdout.str()
+    assert re.search(r"on-a: left running for the next session at http://\S+", out), out
+    assert re.search(r"on-b: left running for the next session at http://\S+", out), out
+    assert len(containers(ENGINES[0])) == 1
+    assert len(containers(ENGINES[1])) == 1
+    again = project.run(*xdist, *RUNS)
+    again.assert_outcomes(passed=3)
+    text = again.stdout.str()
+    assert "on-a launched 0, reused 1, stopped 1" in text, text
+    assert "on-b launched 0, reused 1, stopped 1" in text, text
+    assert containers(ENGINES[0]) == []
+    assert containers(ENGINES[1]) == []
+
+
 def _load_window(log: str) -> tuple[datetime, datetime]:
     stamps = re.findall(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (.*)$", log, re.M)
     begin = next(t for t, line in stamps if "Load weight begin" in line)

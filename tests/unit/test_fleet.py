@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.fleet import LOAD_COST, HostSpec, Need, endpoint, place
+from pytest_specdecode.fleet import LOAD_COST, HostSpec, Need, device_gpus, endpoint, place
 from pytest_specdecode.profiles.loader import load_profiles
 
 EIGHT = tuple(range(8))
@@ -38,6 +38,23 @@ def test_a_profile_goes_only_to_the_hosts_it_names_and_that_have_gpus_enough():
         place({"tp8": Need(gpus=8, hosts=("small",))}, fleet)
     with pytest.raises(ConfigError, match=r"\['gone'\] is not defined; defined: big, small"):
         place({"tp8": Need(gpus=8, hosts=("gone",))}, fleet)
+
+
+def test_a_profiles_gpus_are_positions_in_its_hosts_gpus_list():
+    upper_half = HostSpec(name="upper", docker_host="ssh://u", gpus=(4, 5, 6, 7))
+    assert device_gpus(upper_half, (0, 1)) == (4, 5)
+    assert device_gpus(upper_half, (2, 3)) == (6, 7)
+    assert device_gpus(upper_half, ()) == ()
+    # Two GPUs by count, but the third and fourth positions: a two-GPU host cannot take it.
+    fleet = [HostSpec(name="two", docker_host="ssh://t", gpus=(0, 1)), upper_half]
+    placement = place({"tp2-high": Need(gpus=2, indices=(2, 3))}, fleet)
+    assert placement.host_of == {"tp2-high": "upper"}
+    with pytest.raises(
+        ConfigError,
+        match=r"'tp2-high' uses GPUs \[2, 3\] \(positions in a host's gpus list\), so it needs "
+        r"a host with 4, but none of its hosts \['two'\] has that many \(two: 2\)",
+    ):
+        place({"tp2-high": Need(gpus=2, indices=(2, 3), hosts=("two",))}, fleet)
 
 
 def test_the_placement_is_the_same_in_every_process():
@@ -130,3 +147,63 @@ def test_a_bad_host_table_names_the_key_and_what_to_do(tmp_path, change, message
     assert old in FILE
     with pytest.raises(ConfigError, match=message):
         load_profiles(write(tmp_path, FILE.replace(old, new)))
+
+
+MAPPED = """
+[defaults]
+launcher = "docker"
+image = "lmsysorg/sglang:v0.5.15-cu129"
+model_path = "/models/llama"
+tp_size = 2
+
+[hosts.low]
+docker_host = "ssh://gpu-box-low"
+gpus = [0, 1]
+
+[hosts.high]
+docker_host = "ssh://gpu-box-high"
+gpus = [4, 5, 6, 7]
+
+[profiles.first-pair]
+hosts = ["high"]
+gpus = [0, 1]
+
+[profiles.second-pair]
+hosts = ["high"]
+gpus = [2, 3]
+
+[profiles.anywhere]
+gpus = [0, 1]
+"""
+
+MAPPED_TESTS = """
+import pytest
+
+@pytest.mark.specdecode("first-pair")
+def test_first(): pass
+
+@pytest.mark.specdecode("second-pair")
+def test_second(): pass
+
+@pytest.mark.specdecode("anywhere")
+def test_anywhere(): pass
+"""
+
+
+def test_a_placed_profile_gets_its_hosts_gpus_at_its_positions(pytester):
+    """The containers of two profiles pinned to the upper half of a box ask its engine for
+    GPUs 4,5 and 6,7 (not 0,1 and 2,3 of the box, which the host never offered), and the
+    placement printed says which GPUs of the box each profile got."""
+    pytester.makefile(".toml", specdecode=MAPPED)
+    pytester.makeini(
+        "[pytest]\nspecdecode_config = specdecode.toml\nspecdecode_baselines = baselines\n"
+    )
+    pytester.makepyfile(test_perf=MAPPED_TESTS)
+    result = pytester.runpytest_subprocess("--collect-only", "-q")
+    result.assert_outcomes()
+    out = result.stdout.str()
+    assert "specdecode: placed on low: anywhere (1 test, GPUs 0,1)" in out, out
+    assert (
+        "specdecode: placed on high: first-pair (1 test, GPUs 4,5), "
+        "second-pair (1 test, GPUs 6,7)" in out
+    ), out
