@@ -34,11 +34,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import stats
 
+from pytest_specdecode.lazy import LazyModule
 from pytest_specdecode.stats import (
     DEFAULT_RESAMPLES,
     Comparison,
@@ -50,6 +51,8 @@ from pytest_specdecode.stats import (
     verdict_codes,
     welch_terms,
 )
+
+stats: Any = LazyModule("scipy.stats")  # imported at the first look (lazy.py says why)
 
 __all__ = ["SPENDING_FUNCTIONS", "SequentialPlan", "run_sequential", "sequential_verdicts"]
 

@@ -71,13 +71,19 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import optimize, special, stats
 
 from pytest_specdecode.errors import SpecdecodeError
 from pytest_specdecode.launches import LaunchPrior, TwoLevelInterval, two_level
+from pytest_specdecode.lazy import LazyModule
+
+# scipy is imported at the first comparison, not when pytest loads the plugin (lazy.py says why)
+optimize: Any = LazyModule("scipy.optimize")
+special: Any = LazyModule("scipy.special")
+stats: Any = LazyModule("scipy.stats")
 
 __all__ = [
     "BOOTSTRAP_MIN_RUNS",
