@@ -20,8 +20,11 @@ never more than 1.2% better).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
 
 from pytest_specdecode.errors import ConfigError
 
@@ -39,6 +42,10 @@ class HostSpec:
     context: str | None = None  # a Docker context name
     gpus: tuple[int, ...] = ()
     hardware: str | None = None  # the hardware key of its baselines (default: host-NAME)
+    # The directory of its client certificates (ca.pem, cert.pem, key.pem), absolute; None:
+    # pytest's DOCKER_TLS_VERIFY / DOCKER_CERT_PATH apply, or the context's TLS material.
+    tls_cert_path: str | None = None
+    tls_verify: bool = True  # with tls_cert_path: verify the engine's certificate with ca.pem
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -47,6 +54,71 @@ class HostSpec:
     @property
     def hardware_key(self) -> str:
         return self.hardware or f"host-{self.name}"
+
+
+TLS_FILES: tuple[str, str, str] = ("ca.pem", "cert.pem", "key.pem")
+"""Docker's ``DOCKER_CERT_PATH`` convention: the CA, the client certificate and its key."""
+
+TLS_SCHEMES = ("tcp", "https")
+"""The endpoints TLS applies to (``ssh://`` has its own keys, a unix socket its permissions)."""
+
+
+@dataclass(frozen=True)
+class EngineTLS:
+    """How the client of one Docker engine speaks TLS: the directory of its certificates and
+    whether the engine's certificate is verified against the CA there (``verify = False``: the
+    client certificate is presented, the engine's is not checked, as ``DOCKER_CERT_PATH``
+    without ``DOCKER_TLS_VERIFY``). Paths only: nothing here reads a key.
+
+    ``files`` are the names of the CA, certificate and key in ``cert_path``: Docker's
+    convention, unless a context's store named them otherwise."""
+
+    cert_path: str
+    verify: bool = True
+    files: tuple[str, str, str] = TLS_FILES
+
+    @property
+    def ca_cert(self) -> str:
+        return os.path.join(self.cert_path, self.files[0])
+
+    @property
+    def client_cert(self) -> tuple[str, str]:
+        """(certificate, key), as the Docker SDK's ``TLSConfig`` takes them."""
+        return os.path.join(self.cert_path, self.files[1]), os.path.join(
+            self.cert_path, self.files[2]
+        )
+
+    def missing(self) -> list[str]:
+        """What of the material does not exist: the directory, or the files not in it."""
+        if not os.path.isdir(self.cert_path):
+            return [self.cert_path]
+        paths = (self.ca_cert, *self.client_cert)
+        return [path for path in paths if not os.path.isfile(path)]
+
+    def describe(self) -> str:
+        """``client certificate in DIR`` (and whether the engine's is checked), for messages."""
+        checked = "" if self.verify else ", the engine's certificate not verified"
+        return f"TLS client certificate in {self.cert_path}{checked}"
+
+    def identity(self) -> dict[str, Any]:
+        """What a server's recorded identity carries, so that a later session reconnects (to
+        check or stop it) the way this one connected: :meth:`from_identity` reads it back."""
+        recorded: dict[str, Any] = {"docker_cert_path": self.cert_path}
+        recorded["docker_tls_verify"] = self.verify
+        if self.files != TLS_FILES:
+            recorded["docker_tls_files"] = list(self.files)
+        return recorded
+
+    @classmethod
+    def from_identity(cls, identity: Mapping[str, Any]) -> EngineTLS | None:
+        """The TLS recorded by :meth:`identity`; ``None`` when none was (or it is not ours)."""
+        path, verify = identity.get("docker_cert_path"), identity.get("docker_tls_verify", True)
+        if not isinstance(path, str) or not path or not isinstance(verify, bool):
+            return None
+        files = identity.get("docker_tls_files")
+        if isinstance(files, list) and len(files) == 3 and all(isinstance(f, str) for f in files):
+            return cls(path, verify, (files[0], files[1], files[2]))
+        return cls(path, verify)
 
 
 @dataclass(frozen=True)
@@ -145,8 +217,16 @@ def device_gpus(host: HostSpec, indices: Sequence[int]) -> tuple[int, ...]:
 def endpoint(host: HostSpec, env: Mapping[str, str]) -> str:
     """The Docker endpoint of ``host``: written in the file, read from the variable it names, or
     the Docker context's (as ``docker --context NAME`` would use). Raises ``ConfigError``."""
+    return engine(host, env)[0]
+
+
+def engine(host: HostSpec, env: Mapping[str, str]) -> tuple[str, EngineTLS | None]:
+    """The endpoint of ``host`` (:func:`endpoint`) and the TLS its client speaks there: its
+    ``tls_cert_path``, else its context's TLS material; ``None`` leaves the client to pytest's
+    environment (``DOCKER_TLS_VERIFY``, ``DOCKER_CERT_PATH``), as on one box. Material that is
+    named but missing is a ``ConfigError`` naming the host, the key and the path."""
     if host.docker_host:
-        return host.docker_host
+        return host.docker_host, _own_tls(host, host.docker_host, "docker_host")
     if host.docker_host_env:
         value = env.get(host.docker_host_env, "").strip()
         if not value:
@@ -156,7 +236,7 @@ def endpoint(host: HostSpec, env: Mapping[str, str]) -> str:
                 "before running pytest",
                 source=host.source,
             )
-        return value
+        return value, _own_tls(host, value, f"${host.docker_host_env}")
     from docker.context import ContextAPI
 
     context = ContextAPI.get_context(host.context)
@@ -168,4 +248,86 @@ def endpoint(host: HostSpec, env: Mapping[str, str]) -> str:
             "create` or give docker_host",
             source=host.source,
         )
-    return str(context.Host)
+    address = str(context.Host)
+    tls = _context_tls(host, context, address)
+    if tls is not None and address.startswith("http://"):
+        # the SDK writes http:// for a context it made with skip_tls_verify, whose TLS material
+        # is still meant to be used (the CLI keeps tcp:// there)
+        address = "tcp://" + address[len("http://") :]
+    return address, tls
+
+
+def _own_tls(host: HostSpec, address: str, written: str) -> EngineTLS | None:
+    """``tls_cert_path`` of ``host``, checked: a TLS endpoint, and the material all there."""
+    if host.tls_cert_path is None:
+        return None
+    scheme = urlsplit(address).scheme
+    if scheme not in TLS_SCHEMES:  # the scheme only: the rest may carry a user name
+        raise ConfigError(
+            f"host {host.name!r} has tls_cert_path, but its endpoint ({written}) is a "
+            f"{scheme}:// address: TLS applies to tcp:// engines only; give a "
+            "tcp://HOST:2376 endpoint or remove tls_cert_path",
+            source=host.source,
+        )
+    tls = EngineTLS(host.tls_cert_path, host.tls_verify)
+    _check_material(
+        host,
+        tls,
+        f"tls_cert_path = {host.tls_cert_path!r}",
+        "put them there, or point tls_cert_path at the directory that has them",
+    )
+    return tls
+
+
+def _context_tls(host: HostSpec, context: Any, address: str) -> EngineTLS | None:
+    """The TLS material the Docker context store holds for ``context``'s engine, as
+    ``docker --context NAME`` would present it; ``None`` when it holds none."""
+    if urlsplit(address).scheme not in (*TLS_SCHEMES, "http"):
+        return None
+    config = context.TLSConfig
+    folder = os.path.join(str(context.tls_path), "docker")
+    if config is None or not config.cert:
+        if os.path.isdir(folder) and os.listdir(folder):  # some of it: say what is missing
+            raise ConfigError(
+                f"host {host.name!r}: the Docker context {host.context!r} has TLS material in "
+                f"{folder}, but not all of a CA, a client certificate and its key "
+                f"(found {', '.join(sorted(os.listdir(folder)))}); give all three: "
+                f"`docker context update {host.context} --docker "
+                f'"host={address},ca=ca.pem,cert=cert.pem,key=key.pem"`',
+                source=host.source,
+            )
+        return None
+    cert, key = config.cert
+    ca = str(config.ca_cert)
+    endpoint_ = context.endpoints.get("docker", {})
+    tls = EngineTLS(
+        cert_path=os.path.dirname(str(cert)),
+        verify=not bool(endpoint_.get("SkipTLSVerify", False)),
+        files=(os.path.basename(ca), os.path.basename(str(cert)), os.path.basename(str(key))),
+    )
+    _check_material(
+        host,
+        tls,
+        f"the Docker context {host.context!r}",
+        f"give them again: `docker context update {host.context} --docker "
+        f'"host={address},ca=ca.pem,cert=cert.pem,key=key.pem"`',
+    )
+    return tls
+
+
+def _check_material(host: HostSpec, tls: EngineTLS, named: str, fix: str) -> None:
+    missing = tls.missing()
+    if not missing:
+        return
+    if missing == [tls.cert_path]:
+        what = f"the directory {tls.cert_path} does not exist"
+    else:
+        what = "no " + ", no ".join(
+            f"{os.path.basename(path)} ({path} does not exist)" for path in missing
+        )
+    raise ConfigError(
+        f"{named} names the TLS client certificates of host {host.name!r}, but {what}; the "
+        f"directory must hold {', '.join(TLS_FILES)} (the CA that signed the engine's "
+        f"certificate, the client certificate and its key, as DOCKER_CERT_PATH does): {fix}",
+        source=host.source,
+    )

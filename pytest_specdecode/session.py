@@ -44,7 +44,7 @@ from pytest_specdecode.errors import (
     ServerStartError,
     SpecdecodeError,
 )
-from pytest_specdecode.fleet import Need, Placement, device_gpus, endpoint, place
+from pytest_specdecode.fleet import EngineTLS, Need, Placement, device_gpus, engine, place
 from pytest_specdecode.launches import LaunchPrior, prior_for
 from pytest_specdecode.machine_load import LoadSampler, comparison_warnings, recording_warning
 from pytest_specdecode.markers import MarkerSpec
@@ -231,16 +231,20 @@ class SpecdecodeSession:
             if profiles[name].launcher == "docker"
         }
         self._placement = place(needs, list(hosts.values()), source=str(self.settings.config))
-        for name, host in self._placement.host_of.items():
-            try:
-                docker_host: str | None = endpoint(hosts[host], self.env)
+        engines: dict[str, tuple[str | None, EngineTLS | None]] = {}
+        for host in dict.fromkeys(self._placement.host_of.values()):
+            try:  # the endpoint, and the TLS its client speaks there (its certificates exist)
+                engines[host] = engine(hosts[host], self.env)
             except ConfigError as exc:  # that host's tests fail with it; the others go on
                 self._host_errors[host] = ServerStartError(f"host {host!r}: {exc}")
-                docker_host = None
+                engines[host] = (None, None)
+        for name, host in self._placement.host_of.items():
+            docker_host, tls = engines[host]
             self._placed[name] = replace(
                 profiles[name],
                 placed_on=host,
                 docker_host=docker_host,
+                docker_tls=tls,
                 gpus=device_gpus(hosts[host], profiles[name].gpus),
             )
 

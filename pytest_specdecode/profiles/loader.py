@@ -176,7 +176,10 @@ SPECULATIVE_KEYS: tuple[str, ...] = (
 TOP_LEVEL_KEYS: tuple[str, ...] = (
     "defaults", "env", "profiles", "targets", "workloads", "hosts",
 )  # fmt: skip
-HOST_KEYS: tuple[str, ...] = ("docker_host", "docker_host_env", "context", "gpus", "hardware")
+HOST_KEYS: tuple[str, ...] = (
+    "docker_host", "docker_host_env", "context", "gpus", "hardware", "tls_cert_path",
+    "tls_verify",
+)  # fmt: skip
 """Keys of a ``[hosts.NAME]`` table (:class:`~pytest_specdecode.fleet.HostSpec`)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # also a valid docker container name part
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -352,6 +355,7 @@ class _Loader:
         if hardware is not None:
             hardware = _string(hardware, "hardware", where)
         context = table.get("context")
+        cert_path, verify = self._host_tls(table, where)
         return HostSpec(
             name=name,
             docker_host=docker_host,
@@ -359,8 +363,50 @@ class _Loader:
             context=_string(context, "context", where) if context is not None else None,
             gpus=_gpus(table["gpus"], "gpus", where),
             hardware=hardware,
+            tls_cert_path=cert_path,
+            tls_verify=verify,
             source=where,
         )
+
+    def _host_tls(self, table: Mapping[str, Any], where: str) -> tuple[str | None, bool]:
+        """``tls_cert_path`` (``~`` expanded, relative to this file's directory) and
+        ``tls_verify`` of a host reached over ``tcp://``. Whether the files exist is asked when
+        the host is used (:func:`~pytest_specdecode.fleet.engine`): a missing certificate fails
+        that host's tests, not the file."""
+        verify = table.get("tls_verify", True)
+        if not isinstance(verify, bool):
+            _fail(where, "tls_verify", verify, "must be true or false (no quotes)")
+        if "tls_cert_path" not in table:
+            if "tls_verify" in table:
+                raise ConfigError(
+                    "tls_verify is set without tls_cert_path: give tls_cert_path, the "
+                    "directory of the host's ca.pem, cert.pem and key.pem (without it, "
+                    "pytest's DOCKER_TLS_VERIFY and DOCKER_CERT_PATH apply)",
+                    source=where,
+                )
+            return None, True
+        text = _string(table["tls_cert_path"], "tls_cert_path", where)
+        if "context" in table:
+            raise ConfigError(
+                "tls_cert_path is set on a host reached through a Docker context, which "
+                "carries its own TLS material: remove tls_cert_path, and give the certificates "
+                "to the context (`docker context update NAME --docker "
+                '"host=tcp://HOST:2376,ca=ca.pem,cert=cert.pem,key=key.pem"`)',
+                source=where,
+            )
+        address = table.get("docker_host")
+        if isinstance(address, str) and not re.match(r"^(tcp|https)://", address):
+            _fail(
+                where,
+                "tls_cert_path",
+                text,
+                f"TLS applies to a tcp:// engine, and docker_host is {address!r}: give a "
+                "tcp://HOST:2376 docker_host, or remove tls_cert_path",
+            )
+        expanded = Path(os.path.expanduser(text))
+        if not expanded.is_absolute():
+            expanded = self.path.absolute().parent / expanded
+        return os.path.normpath(expanded), verify
 
     def _env_set(self, name: str, table: Mapping[str, Any]) -> FrozenMap:
         where = self.where(f"env.{name}")

@@ -43,7 +43,7 @@ from types import MappingProxyType
 
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.fingerprint import Fingerprint
-from pytest_specdecode.fleet import HostSpec
+from pytest_specdecode.fleet import EngineTLS, HostSpec
 from pytest_specdecode.profiles.llamacpp import DEFAULT_BINARY, LlamaCppOptions
 from pytest_specdecode.redaction import is_secret_flag
 
@@ -225,10 +225,12 @@ class ServerProfile:
     source: str = ""  # e.g. "perf_tests/specdecode.toml [profiles.eagle3-2step-nccl]"
     hosts: tuple[str, ...] = ()  # docker launcher: the [hosts.NAME] it may run on (empty: any)
     # Set by the placement (pytest_specdecode.fleet) for one session: the host the server runs
-    # on and that host's Docker endpoint. Neither is part of the fingerprint: which box ran a
+    # on, that host's Docker endpoint and the TLS its client speaks there (None: pytest's
+    # DOCKER_TLS_VERIFY / DOCKER_CERT_PATH). None is part of the fingerprint: which box ran a
     # configuration is the hardware key's business.
     placed_on: str | None = None
     docker_host: str | None = None
+    docker_tls: EngineTLS | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", FrozenMap(self.env))

@@ -10,11 +10,14 @@ engine runs without the default bridge) has the server bind the host's port dire
 network publishes ``port/tcp`` on the same host port.
 
 Remote engines: the client comes from :func:`docker.from_env`, so ``DOCKER_HOST`` (with
-``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``) points it at another machine. The server then runs on
-*that* machine, and :attr:`DockerLauncher.base_url` uses the engine's host name
-(``DOCKER_HOST=tcp://gpu-box:2376`` → ``http://gpu-box:<port>``) instead of ``127.0.0.1``,
-unless the caller's ``host`` names a specific non-loopback host, which wins. Volume paths are
-paths on the engine's machine.
+``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``) points it at another machine; a host of the fleet
+names its engine and, over ``tcp://``, may bring TLS client certificates of its own
+(:class:`~pytest_specdecode.fleet.EngineTLS`), which then replace those two variables for
+every call to that engine, including the later sessions' checks and stops of its servers.
+The server then runs on *that* machine, and :attr:`DockerLauncher.base_url` uses the engine's
+host name (``DOCKER_HOST=tcp://gpu-box:2376`` → ``http://gpu-box:<port>``) instead of
+``127.0.0.1``, unless the caller's ``host`` names a specific non-loopback host, which wins.
+Volume paths are paths on the engine's machine.
 
 The container's output is copied into ``log_path`` by a daemon thread while it runs, so the
 readiness watcher reads the load phase live; the file starts with a line naming the container,
@@ -30,6 +33,7 @@ import math
 import os
 import re
 import socket
+import ssl
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -39,11 +43,13 @@ from urllib.parse import urlsplit
 
 import docker
 import docker.errors
+import docker.tls
 import docker.types
 import requests.exceptions
 from docker.models.containers import Container
 
 from pytest_specdecode.errors import EngineUnreachableError, ServerStartError
+from pytest_specdecode.fleet import TLS_FILES, EngineTLS
 from pytest_specdecode.redaction import is_secret_name
 from pytest_specdecode.servers.launcher import ServerIdentity, redact_argv, wait_port_free
 from pytest_specdecode.servers.ports import pids_hold_port
@@ -92,6 +98,7 @@ class DockerLauncher:
         client: docker.DockerClient | None = None,
         init: bool = True,
         docker_host: str | None = None,
+        tls: EngineTLS | None = None,
     ) -> None:
         """``command`` is the server's argv inside the container; ``env`` its whole environment
         (``PYTHONUNBUFFERED=1`` is added unless set, so its log reaches us line by line);
@@ -99,7 +106,8 @@ class DockerLauncher:
         engines); ``gpus`` is a count (``-1`` = all), explicit device indices, or ``None``/0/empty
         for none; ``volumes`` maps host paths to container paths (mounted read-write);
         ``init`` runs docker's tiny init as PID 1 so SIGTERM reaches the server and its
-        children are reaped.
+        children are reaped. ``docker_host`` and ``tls``: a host of the fleet's engine and the
+        TLS its client speaks there (``None``: ``DOCKER_HOST`` and pytest's TLS variables).
         """
         self.image = image
         self.command = list(command)
@@ -120,6 +128,7 @@ class DockerLauncher:
         # A host of the fleet names its engine; otherwise DOCKER_HOST (or the client's).
         self._fixed_engine = docker_host
         self._docker_host = docker_host or _docker_host_of(client)
+        self._tls = tls
         self._container: Container | None = None
         self._container_id: str | None = None
         self._final_code: int | None = None
@@ -160,7 +169,9 @@ class DockerLauncher:
         except docker.errors.ImageNotFound:
             raise ServerStartError(missing_image_message(self.image, self._docker_host)) from None
         except _ENGINE_DOWN as exc:
-            raise EngineUnreachableError(unreachable_message(self._docker_host, exc)) from None
+            raise EngineUnreachableError(
+                unreachable_message(self._docker_host, exc, self._tls)
+            ) from None
         kwargs = self.create_kwargs()
         container = self._create(client, kwargs)
         self._container = container
@@ -286,6 +297,7 @@ class DockerLauncher:
             "port": self.port,
             "network": self.network,
             "docker_host": self._docker_host,
+            **(self._tls.identity() if self._tls is not None else {}),
         }
 
     # -- what the container looks like ---------------------------------------------------------
@@ -337,7 +349,9 @@ class DockerLauncher:
                     f"{self.image}: {reason}"
                 ) from None
             except _ENGINE_DOWN as exc:
-                raise EngineUnreachableError(unreachable_message(self._docker_host, exc)) from None
+                raise EngineUnreachableError(
+                    unreachable_message(self._docker_host, exc, self._tls)
+                ) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _remove_stale(self, client: docker.DockerClient) -> bool:
@@ -410,7 +424,7 @@ class DockerLauncher:
     def _get_client(self) -> docker.DockerClient:
         if self._client is None:
             self._docker_host = self._fixed_engine or _docker_host_of(None)  # DOCKER_HOST now
-            self._client = connect(self._docker_host)
+            self._client = connect(self._docker_host, self._tls)
         return self._client
 
     def _close_client(self) -> None:
@@ -432,7 +446,7 @@ def docker_server_alive(identity: ServerIdentity) -> bool:
     if not isinstance(container_id, str) or not container_id:
         return False
     try:
-        client = connect(_recorded_docker_host(identity))
+        client = connect(*_recorded_engine(identity))
     except ServerStartError:
         return False
     try:
@@ -454,7 +468,7 @@ def stop_docker_server(identity: ServerIdentity, grace: float = 30.0) -> bool:
     container_id = identity.get("container_id")
     if isinstance(container_id, str) and container_id:
         try:
-            client = connect(_recorded_docker_host(identity))
+            client = connect(*_recorded_engine(identity))
         except ServerStartError as exc:
             log.warning("cannot stop container %s: %s", container_id[:12], exc)
             return False
@@ -481,22 +495,65 @@ def stop_docker_server(identity: ServerIdentity, grace: float = 30.0) -> bool:
 # -- the engine ----------------------------------------------------------------------------------
 
 
-def connect(docker_host: str | None = None) -> docker.DockerClient:
-    """A client for the engine ``DOCKER_HOST`` names (or ``docker_host``), checked with a ping."""
+def connect(docker_host: str | None = None, tls: EngineTLS | None = None) -> docker.DockerClient:
+    """A client for the engine ``DOCKER_HOST`` names (or ``docker_host``), checked with a ping.
+
+    ``tls``: the engine's own client certificates (a host of the fleet), in place of pytest's
+    ``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``; ``None`` leaves those to apply."""
     environment = dict(os.environ)
     if docker_host is not None:
         environment["DOCKER_HOST"] = docker_host
     _probe_unix_socket(environment.get("DOCKER_HOST") or None)
     try:
-        client = docker.from_env(environment=environment)
+        if tls is None:
+            client = docker.from_env(environment=environment)
+        else:
+            client = _OwnTLSClient(environment.get("DOCKER_HOST"), _tls_config(tls, docker_host))
     except _ENGINE_DOWN as exc:
-        raise EngineUnreachableError(unreachable_message(docker_host, exc)) from None
+        raise EngineUnreachableError(unreachable_message(docker_host, exc, tls)) from None
     try:
         client.ping()
     except _ENGINE_DOWN as exc:
         client.close()
-        raise EngineUnreachableError(unreachable_message(docker_host, exc)) from None
+        raise EngineUnreachableError(unreachable_message(docker_host, exc, tls)) from None
     return client
+
+
+class _OwnTLSAPIClient(docker.APIClient):
+    """An API client that keeps its TLS settings whatever the environment says: requests lets
+    ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` replace a session's ``verify`` on every
+    request (docker/docker-py#2433), so a box that points them at the system's CAs (CI images
+    do) would check the engine's certificate against those, not the host's ca.pem, and fail."""
+
+    def merge_environment_settings(
+        self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any
+    ) -> Any:
+        settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
+        if verify is None:  # the call named none: the client's (the CA file, or False)
+            settings["verify"] = self.verify
+        return settings
+
+
+class _OwnTLSClient(docker.DockerClient):
+    """``docker.DockerClient`` over :class:`_OwnTLSAPIClient` (proxies still from the
+    environment, as the CLI takes them)."""
+
+    def __init__(self, base_url: str | None, tls: docker.tls.TLSConfig) -> None:
+        self.api = _OwnTLSAPIClient(base_url=base_url, tls=tls)
+
+
+def _tls_config(tls: EngineTLS, docker_host: str | None) -> docker.tls.TLSConfig:
+    """The SDK's TLS settings for ``tls``; its files missing (a certificate directory removed
+    since the server was recorded) is an :class:`EngineUnreachableError` that names them."""
+    missing = tls.missing()
+    if missing:
+        raise EngineUnreachableError(
+            f"cannot reach the Docker engine at {describe_engine(docker_host)} over TLS: "
+            f"{', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not exist (the client "
+            f"certificate directory must hold {', '.join(TLS_FILES)}); restore them, or fix the "
+            "host's tls_cert_path"
+        )
+    return docker.tls.TLSConfig(client_cert=tls.client_cert, ca_cert=tls.ca_cert, verify=tls.verify)
 
 
 def _probe_unix_socket(docker_host: str | None) -> None:
@@ -551,13 +608,44 @@ def container_bind_host(network: str = "host", docker_host: str | None = None) -
     return "127.0.0.1"
 
 
-def unreachable_message(docker_host: str | None, exc: BaseException) -> str:
+def unreachable_message(
+    docker_host: str | None, exc: BaseException, tls: EngineTLS | None = None
+) -> str:
+    where = describe_engine(docker_host)
+    if tls is not None:
+        where += f" ({tls.describe()})"
+        if _tls_failed(exc):
+            return (
+                f"cannot reach the Docker engine at {where}: the TLS handshake failed: {exc}. "
+                f"The engine's certificate must be signed by {tls.ca_cert}, and the engine must "
+                f"trust the CA that signed {tls.client_cert[0]}: give the host the certificate "
+                "directory made for that engine (tls_cert_path, or its Docker context's TLS "
+                "material)"
+            )
+    elif "HTTP request to an HTTPS server" in str(exc):
+        return (
+            f"cannot reach the Docker engine at {where}: {exc}. The engine speaks TLS: give its "
+            "host tls_cert_path, the directory of its client certificates (ca.pem, cert.pem, "
+            "key.pem), or export DOCKER_CERT_PATH and DOCKER_TLS_VERIFY=1 for every host"
+        )
     return (
-        f"cannot reach the Docker engine at {describe_engine(docker_host)}: {exc}. "
+        f"cannot reach the Docker engine at {where}: {exc}. "
         "Start the engine (on a CI machine without one: `bash scripts/provision-docker.sh` "
         "installs and starts it), or point DOCKER_HOST at one that runs "
         "(e.g. DOCKER_HOST=tcp://gpu-box:2376)"
     )
+
+
+def _tls_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a failed TLS handshake."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, (ssl.SSLError, requests.exceptions.SSLError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def missing_image_message(image: str, docker_host: str | None) -> str:
@@ -634,9 +722,11 @@ def _docker_host_of(client: docker.DockerClient | None) -> str | None:
     return os.environ.get("DOCKER_HOST") or None
 
 
-def _recorded_docker_host(identity: ServerIdentity) -> str | None:
+def _recorded_engine(identity: ServerIdentity) -> tuple[str | None, EngineTLS | None]:
+    """The engine a recorded server runs on and the TLS it was reached with (none recorded:
+    ``DOCKER_HOST`` and pytest's TLS variables, as when it was launched)."""
     value = identity.get("docker_host")
-    return value if isinstance(value, str) and value else None
+    return (value if isinstance(value, str) and value else None), EngineTLS.from_identity(identity)
 
 
 def _image_name(container: Container) -> str:

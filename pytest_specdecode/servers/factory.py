@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.fleet import EngineTLS
 from pytest_specdecode.profiles.llamacpp import resolve_binary
 from pytest_specdecode.profiles.profile import (
     ServerProfile,
@@ -71,6 +72,7 @@ def make_launcher(
             },
             name=f"specdecode-{profile.name}-{port}",
             docker_host=profile.docker_host,
+            tls=profile.docker_tls,
         )
     binary = None
     if profile.llamacpp is not None:
@@ -98,7 +100,7 @@ def build_of(profile: ServerProfile, env: Mapping[str, str]) -> BuildKey:
         except ConfigError:
             binary = None
     if profile.launcher == "docker" and profile.docker is not None:
-        image_id = _image_id(profile.docker.image, profile.docker_host)
+        image_id = _image_id(profile.docker.image, profile.docker_host, profile.docker_tls)
     launch_env = (
         profile.launch_env({}) if profile.launcher == "docker" else _launch_env(profile, env)
     )
@@ -120,11 +122,11 @@ def _launch_env(profile: ServerProfile, env: Mapping[str, str]) -> dict[str, str
         return dict(env)
 
 
-def _image_id(image: str, docker_host: str | None) -> str | None:
+def _image_id(image: str, docker_host: str | None, tls: EngineTLS | None) -> str | None:
     try:
         from pytest_specdecode.servers.docker import connect
 
-        client = connect(docker_host)
+        client = connect(docker_host, tls)
         try:
             return str(client.images.get(image).id)
         finally:

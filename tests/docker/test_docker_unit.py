@@ -9,15 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docker.errors
 import docker.types
 import pytest
 
-from pytest_specdecode.errors import ServerStartError
+from pytest_specdecode.errors import EngineUnreachableError, ServerStartError
+from pytest_specdecode.fleet import EngineTLS
 from pytest_specdecode.servers.docker import (
     LABEL_FINGERPRINT,
     LABEL_MANAGED,
     LABEL_PROFILE,
     DockerLauncher,
+    connect,
     container_bind_host,
     container_name,
     device_requests,
@@ -25,6 +28,7 @@ from pytest_specdecode.servers.docker import (
     engine_hostname,
     redact_argv,
     stop_docker_server,
+    unreachable_message,
 )
 from pytest_specdecode.servers.launcher import Launcher
 
@@ -193,6 +197,71 @@ def test_recorded_identity_on_an_unreachable_engine(tmp_path: Path) -> None:
     assert docker_server_alive(identity) is False
     stop_docker_server(identity, 1.0)  # nothing to do, and says so in the log; no exception
     assert docker_server_alive({"kind": "docker"}) is False
+
+
+def test_a_hosts_own_tls_is_in_the_identity_a_later_session_reconnects_with(
+    tmp_path: Path,
+) -> None:
+    tls = EngineTLS(str(tmp_path / "certs"), verify=True)
+    launcher = make(tmp_path, docker_host="tcp://gpu-box:2376", tls=tls)
+    identity = launcher.identity()
+    assert identity["docker_host"] == "tcp://gpu-box:2376"
+    assert identity["docker_cert_path"] == str(tmp_path / "certs")
+    assert identity["docker_tls_verify"] is True
+    assert "docker_cert_path" not in make(tmp_path).identity()  # pytest's DOCKER_* apply
+
+
+def test_a_recorded_tls_directory_that_is_gone_is_named_and_nothing_is_stopped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The identity's certificates removed since: checked before any connection, the engine is
+    not asked anything, the record is kept (the stop reports False), and no key is read."""
+    identity = {
+        "kind": "docker",
+        "container_id": "0123456789ab",
+        "host": "127.0.0.1",
+        "port": 1,
+        "docker_host": "tcp://127.0.0.1:1",
+        "docker_cert_path": str(tmp_path / "gone"),
+        "docker_tls_verify": True,
+    }
+    assert docker_server_alive(identity) is False
+    assert stop_docker_server(identity, 1.0) is False
+    assert f"{tmp_path / 'gone'} does not exist" in caplog.text
+    assert "over TLS" in caplog.text
+
+
+def test_connect_names_what_is_missing_of_a_hosts_certificates(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "ca.pem").write_text("x")
+    (certs / "cert.pem").write_text("x")
+    with pytest.raises(EngineUnreachableError) as excinfo:
+        connect("tcp://127.0.0.1:1", EngineTLS(str(certs)))
+    message = str(excinfo.value)
+    assert f"{certs / 'key.pem'} does not exist" in message
+    assert "must hold ca.pem, cert.pem, key.pem" in message
+
+
+def test_a_failed_tls_handshake_says_which_certificates_to_check(tmp_path: Path) -> None:
+    import ssl
+
+    tls = EngineTLS(str(tmp_path / "certs"))
+    try:
+        try:
+            raise ssl.SSLError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+        except ssl.SSLError as inner:
+            raise docker.errors.DockerException("Error while fetching server API") from inner
+    except docker.errors.DockerException as exc:
+        message = unreachable_message("tcp://gpu-box:2376", exc, tls)
+    assert "DOCKER_HOST=tcp://gpu-box:2376 (TLS client certificate in " in message
+    assert "the TLS handshake failed" in message
+    assert f"signed by {tmp_path / 'certs' / 'ca.pem'}" in message
+    plain = unreachable_message(
+        "tcp://gpu-box:2376",
+        docker.errors.DockerException("Client sent an HTTP request to an HTTPS server."),
+    )
+    assert "The engine speaks TLS: give its host tls_cert_path" in plain
 
 
 def test_the_module_does_not_import_pytest() -> None:

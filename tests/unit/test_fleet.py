@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.fleet import LOAD_COST, HostSpec, Need, device_gpus, endpoint, place
+from pytest_specdecode.fleet import (
+    LOAD_COST,
+    EngineTLS,
+    HostSpec,
+    Need,
+    device_gpus,
+    endpoint,
+    engine,
+    place,
+)
 from pytest_specdecode.profiles.loader import load_profiles
 
 EIGHT = tuple(range(8))
@@ -207,3 +218,208 @@ def test_a_placed_profile_gets_its_hosts_gpus_at_its_positions(pytester):
         "specdecode: placed on high: first-pair (1 test, GPUs 4,5), "
         "second-pair (1 test, GPUs 6,7)" in out
     ), out
+
+
+# -- TLS per host ---------------------------------------------------------------------------------
+
+TLS_FILE = """
+[defaults]
+launcher = "docker"
+image = "pytest-specdecode-sim:local"
+server_module = "pytest_specdecode.sim"
+model_path = "/models/tiny-llm"
+
+[hosts.box-a]
+docker_host = "unix:///var/run/docker.sock"
+gpus = 8
+
+[hosts.box-tls]
+docker_host = "tcp://gpu-box-2:2376"
+tls_cert_path = "certs/box-tls"
+gpus = 8
+
+[profiles.anywhere]
+"""
+
+
+def cert_dir(path: Path, *, without: str = "") -> Path:
+    """A directory laid out as DOCKER_CERT_PATH is (the contents do not matter here)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        if name != without:
+            (path / name).write_text(f"not a real {name}\n")
+    return path
+
+
+def test_a_hosts_tls_cert_path_is_read_relative_to_the_profile_file(tmp_path, monkeypatch):
+    monkeypatch.chdir("/")  # not the file's directory: the path is the file's, not pytest's
+    file = write(tmp_path, TLS_FILE)
+    loaded = load_profiles(file)
+    box = loaded.hosts["box-tls"]
+    assert box.tls_cert_path == str(tmp_path / "certs" / "box-tls")
+    assert box.tls_verify is True  # the default with a cert path, as DOCKER_TLS_VERIFY=1
+    assert loaded.hosts["box-a"].tls_cert_path is None  # pytest's DOCKER_* variables apply
+    home = write(
+        tmp_path,
+        TLS_FILE.replace('"certs/box-tls"', '"~/box-tls-certs"\ntls_verify = false'),
+    )
+    box = load_profiles(home).hosts["box-tls"]
+    assert box.tls_cert_path == os.path.join(os.path.expanduser("~"), "box-tls-certs")
+    assert box.tls_verify is False
+    from_env = TLS_FILE.replace(
+        'docker_host = "tcp://gpu-box-2:2376"', 'docker_host_env = "BOX_TLS_HOST"'
+    )
+    assert load_profiles(write(tmp_path, from_env)).hosts["box-tls"].tls_cert_path
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ('"tcp://gpu-box-2:2376"', '"ssh://ci@gpu-box-2"'),
+            r"tls_cert_path = 'certs/box-tls' \(a string\) is not allowed: TLS applies to a "
+            r"tcp:// engine, and docker_host is 'ssh://ci@gpu-box-2'",
+        ),
+        (
+            ('"tcp://gpu-box-2:2376"', '"unix:///var/run/docker.sock"'),
+            "TLS applies to a tcp:// engine",
+        ),
+        (
+            ('docker_host = "tcp://gpu-box-2:2376"', 'context = "gpu-box-2"'),
+            r"\[hosts.box-tls\]: tls_cert_path is set on a host reached through a Docker "
+            "context, which carries its own TLS material",
+        ),
+        (
+            ('tls_cert_path = "certs/box-tls"', "tls_verify = false"),
+            r"\[hosts.box-tls\]: tls_verify is set without tls_cert_path",
+        ),
+        (
+            ('tls_cert_path = "certs/box-tls"', 'tls_cert_path = "certs"\ntls_verify = "yes"'),
+            r"tls_verify = 'yes' \(a string\) is not allowed: must be true or false",
+        ),
+        (
+            ('tls_cert_path = "certs/box-tls"', "tls_cert_path = 1"),
+            r"tls_cert_path = 1 \(an integer\) is not allowed: must be a non-empty string",
+        ),
+        (
+            ('tls_cert_path = "certs/box-tls"', 'tls_certs = "certs"'),
+            r"unknown key 'tls_certs' \(did you mean 'tls_cert_path'\?\)",
+        ),
+    ],
+    ids=["ssh", "unix", "context", "verify-alone", "verify-not-bool", "path-not-string", "typo"],
+)
+def test_a_bad_tls_setting_names_the_host_the_key_and_what_to_do(tmp_path, change, message):
+    old, new = change
+    assert old in TLS_FILE
+    with pytest.raises(ConfigError, match=message):
+        load_profiles(write(tmp_path, TLS_FILE.replace(old, new)))
+
+
+def test_a_hosts_tls_material_is_checked_when_the_host_is_used(tmp_path):
+    """The file loads with the certificates missing (only that host's tests fail, later);
+    :func:`engine` then names the host, the key, the path and what to do."""
+    certs = tmp_path / "certs" / "box-tls"
+    loaded = load_profiles(write(tmp_path, TLS_FILE))  # nothing there yet: still loads
+    box = loaded.hosts["box-tls"]
+    with pytest.raises(ConfigError) as missing_dir:
+        engine(box, {})
+    text = str(missing_dir.value)
+    assert "[hosts.box-tls]: tls_cert_path = " in text
+    assert "names the TLS client certificates of host 'box-tls'" in text
+    assert f"the directory {certs} does not exist" in text
+    assert "must hold ca.pem, cert.pem, key.pem" in text
+    assert "point tls_cert_path at the directory that has them" in text
+    cert_dir(certs, without="key.pem")
+    with pytest.raises(ConfigError, match=rf"but no key.pem \({certs}/key.pem does not exist\)"):
+        engine(box, {})
+    (certs / "key.pem").write_text("not a real key\n")
+    assert engine(box, {}) == ("tcp://gpu-box-2:2376", EngineTLS(str(certs), verify=True))
+    assert engine(loaded.hosts["box-a"], {}) == ("unix:///var/run/docker.sock", None)
+
+
+def test_tls_from_a_variables_endpoint_needs_a_tcp_one(tmp_path):
+    certs = cert_dir(tmp_path / "certs")
+    box = HostSpec(
+        name="box", docker_host_env="BOX", tls_cert_path=str(certs), source="f [hosts.box]"
+    )
+    assert engine(box, {"BOX": "tcp://box:2376"}) == ("tcp://box:2376", EngineTLS(str(certs)))
+    assert engine(box, {"BOX": "https://box:2376"})[1] == EngineTLS(str(certs))
+    with pytest.raises(ConfigError) as refused:
+        engine(box, {"BOX": "ssh://ci:secret@box"})
+    text = str(refused.value)
+    assert "host 'box' has tls_cert_path, but its endpoint ($BOX) is a ssh:// address" in text
+    assert "secret" not in text  # the variable's value may carry credentials: never shown
+
+
+def test_the_tls_a_server_was_reached_with_is_recorded_and_read_back():
+    tls = EngineTLS("/certs/box", verify=False)
+    assert tls.identity() == {"docker_cert_path": "/certs/box", "docker_tls_verify": False}
+    assert EngineTLS.from_identity({"docker_host": "tcp://box:2376", **tls.identity()}) == tls
+    assert EngineTLS.from_identity({"docker_host": "tcp://box:2376"}) is None  # pytest's env
+    named = EngineTLS("/ctx/tls/docker", True, ("ca-x.pem", "cert-x.pem", "key-x.pem"))
+    assert EngineTLS.from_identity(named.identity()) == named
+    assert EngineTLS.from_identity({"docker_cert_path": 3}) is None
+
+
+@pytest.fixture
+def docker_config(tmp_path, monkeypatch) -> Path:
+    """A Docker configuration directory of our own (the SDK reads contexts only beside a
+    config.json), so no context of this machine's is seen or touched."""
+    config = tmp_path / "docker-config"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    return config
+
+
+def test_a_contexts_tls_material_is_used_for_its_host(tmp_path, docker_config):
+    from docker.context import ContextAPI
+    from docker.tls import TLSConfig
+
+    certs = cert_dir(tmp_path / "certs")
+    material = TLSConfig(
+        client_cert=(str(certs / "cert.pem"), str(certs / "key.pem")),
+        ca_cert=str(certs / "ca.pem"),
+        verify=True,
+    )
+    ContextAPI.create_context("box-tls", host="tcp://gpu-box-2:2376", tls_cfg=material)
+    ContextAPI.create_context(
+        "box-unverified", host="tcp://gpu-box-3:2376", tls_cfg=material, skip_tls_verify=True
+    )
+    ContextAPI.create_context("box-plain", host="tcp://gpu-box-4:2375", skip_tls_verify=True)
+    ContextAPI.create_context("box-ssh", host="ssh://ci@gpu-box-5")
+
+    address, tls = engine(HostSpec(name="b", context="box-tls"), {})
+    assert address == "https://gpu-box-2:2376"  # as the SDK writes it; the CLI, tcp://
+    assert tls is not None
+    assert tls.verify is True
+    stored = Path(tls.cert_path)  # the context store's copy, not the files it was made from
+    assert stored.is_relative_to(docker_config / "contexts" / "tls")
+    assert tls.missing() == []
+    assert tls.ca_cert == str(stored / "ca.pem")
+    assert tls.client_cert == (str(stored / "cert.pem"), str(stored / "key.pem"))
+    address, tls = engine(HostSpec(name="b", context="box-unverified"), {})
+    assert address == "tcp://gpu-box-3:2376"  # the SDK wrote http://: TLS all the same
+    assert tls is not None
+    assert tls.verify is False  # SkipTLSVerify
+    # no TLS material: pytest's DOCKER_TLS_VERIFY / DOCKER_CERT_PATH apply, as before
+    assert engine(HostSpec(name="b", context="box-plain"), {}) == ("http://gpu-box-4:2375", None)
+    assert engine(HostSpec(name="b", context="box-ssh"), {}) == ("ssh://ci@gpu-box-5:22", None)
+
+
+def test_a_context_with_part_of_its_tls_material_is_an_error_naming_it(tmp_path, docker_config):
+    from docker.context import ContextAPI
+    from docker.tls import TLSConfig
+
+    certs = cert_dir(tmp_path / "certs")
+    material = TLSConfig(
+        client_cert=(str(certs / "cert.pem"), str(certs / "key.pem")), ca_cert=str(certs / "ca.pem")
+    )
+    context = ContextAPI.create_context("box-tls", host="tcp://gpu-box-2:2376", tls_cfg=material)
+    os.remove(os.path.join(context.tls_path, "docker", "key.pem"))
+    with pytest.raises(ConfigError) as partial:
+        engine(HostSpec(name="b", context="box-tls", source="f [hosts.b]"), {})
+    text = str(partial.value)
+    assert "the Docker context 'box-tls' has TLS material in" in text
+    assert "found ca.pem, cert.pem" in text
+    assert "docker context update box-tls" in text
