@@ -3,18 +3,30 @@
 #
 #   1. engine A: the one scripts/provision-docker.sh provisions (DOCKER_HOST, or the default
 #      socket unix:///var/run/docker.sock), with the base and test images; run first, unchanged.
-#   2. engine B: a second dockerd with its own socket, data root, exec root (its own managed
+#   2. TLS certificates for engine B (openssl, into its TLS directory): a CA, a server
+#      certificate for 127.0.0.1 and localhost, and a client certificate in client/ as Docker's
+#      DOCKER_CERT_PATH convention lays it out (ca.pem, cert.pem, key.pem). Kept while they are
+#      all there, signed by that CA and good for another day; made again otherwise.
+#   3. engine B: a second dockerd with its own socket, data root, exec root (its own managed
 #      containerd, runc state and metrics socket), pid file and log, and the same networking as
-#      engine A (no default bridge, no iptables: containers use `--network host`). Reused when it
-#      answers; started in the background (setsid + nohup, it outlives this script) otherwise.
-#   3. the test image pytest-specdecode-sim:local on engine B: `docker save` from A into
+#      engine A (no default bridge, no iptables: containers use `--network host`); it listens on
+#      its unix socket and on tcp://127.0.0.1:PORT with --tlsverify (clients need a certificate
+#      of the CA above), the fleet tests' host "reached over TLS". Reused when both answer (the
+#      TLS one with the client certificate of step 2); started in the background (setsid +
+#      nohup, it outlives this script) otherwise, after a graceful stop when it runs without
+#      that TLS listener (an engine started by an older version of this script).
+#   4. the test image pytest-specdecode-sim:local on engine B: `docker save` from A into
 #      `docker load` on B, skipped when B already holds the same image id.
 #
-# Progress goes to stderr, as timed lines; the last line on stdout is the two engines'
-# DOCKER_HOST values separated by a space, for the fleet tests' SPECDECODE_FLEET_DOCKER_HOSTS:
+# Progress goes to stderr, as timed lines. On stdout, two lines for engine B's TLS endpoint and
+# its client certificate directory, then, the last line, the two engines' DOCKER_HOST values
+# separated by a space, for the fleet tests' SPECDECODE_FLEET_DOCKER_HOSTS:
 #
-#   hosts="$(bash scripts/provision-docker-fleet.sh | tail -n 1)"
-#   # -> unix:///var/run/docker.sock unix:///var/run/specdecode-docker-b.sock
+#   SPECDECODE_FLEET_TLS_HOST=tcp://127.0.0.1:2376
+#   SPECDECODE_FLEET_TLS_CERTS=/var/lib/docker-specdecode-b-tls/client
+#   unix:///var/run/docker.sock unix:///var/run/specdecode-docker-b.sock
+#
+#   out="$(bash scripts/provision-docker-fleet.sh)"; hosts="$(tail -n 1 <<<"$out")"
 #
 # Engine B's failures, as the tests simulate them:
 #
@@ -31,8 +43,9 @@
 #                                                 processes (the servers stop answering at once)
 #   scripts/provision-docker-fleet.sh             starts it again (and reloads the image if the
 #                                                 data root lost it)
-#   scripts/provision-docker-fleet.sh --status    the two DOCKER_HOST values if both answer,
-#                                                 exit 1 otherwise; starts nothing
+#   scripts/provision-docker-fleet.sh --status    the lines above if both engines answer (B on
+#                                                 its socket and over TLS), exit 1 otherwise;
+#                                                 starts nothing
 #
 # Measured on the CI machine kind (Debian 12, 2 cores, root, docker.io 20.10), engine A and its
 # images present: engine B fresh (empty data root) about 10 s (dockerd answers in 0.4 s, save |
@@ -40,7 +53,10 @@
 # included); engine B started again after --kill, --kill-all or --stop, 0.6 s (its data root
 # keeps the image); after a change to the package's sources, about 15 s (engine A's image is
 # rebuilt, ~8 s, and copied again, ~6 s). --kill and --kill-all take about 2 s, --stop with a
-# running container about 3 s.
+# running container about 3 s. With the TLS listener (measured at the commit that added it, a
+# CI run sharing the 2 cores): everything present 0.4 s; engine B started again after --kill,
+# --kill-all or --stop 0.8-0.9 s; an engine B without the listener (an older script's) stopped
+# and started again, or new certificates (EC P-256, made in 0.2 s), 2.4 s.
 #
 # Settings (environment); engine A's are provision-docker.sh's (DOCKER_HOST, SPECDECODE_*):
 #   SPECDECODE_FLEET_SOCKET          engine B's unix socket   (/var/run/specdecode-docker-b.sock)
@@ -49,6 +65,9 @@
 #   SPECDECODE_FLEET_PIDFILE         its --pidfile            (/var/run/dockerd-specdecode-b.pid)
 #   SPECDECODE_FLEET_DOCKERD_LOG     its log file             (/var/log/dockerd-specdecode-b.log)
 #   SPECDECODE_FLEET_STOP_TIMEOUT    --stop's grace, seconds  (60)
+#   SPECDECODE_FLEET_TLS_PORT        its TLS port on 127.0.0.1 (2376)
+#   SPECDECODE_FLEET_TLS_DIR         its certificates: ca/ (the CA's key), server/, client/
+#                                    (/var/lib/docker-specdecode-b-tls)
 #   SPECDECODE_SIM_IMAGE             the image copied to B    (pytest-specdecode-sim:local)
 set -euo pipefail
 
@@ -60,8 +79,13 @@ B_EXEC_ROOT="${SPECDECODE_FLEET_EXEC_ROOT:-/var/run/specdecode-docker-b}"
 B_PIDFILE="${SPECDECODE_FLEET_PIDFILE:-/var/run/dockerd-specdecode-b.pid}"
 B_LOG="${SPECDECODE_FLEET_DOCKERD_LOG:-/var/log/dockerd-specdecode-b.log}"
 STOP_TIMEOUT="${SPECDECODE_FLEET_STOP_TIMEOUT:-60}"
+TLS_PORT="${SPECDECODE_FLEET_TLS_PORT:-2376}"
+TLS_DIR="${SPECDECODE_FLEET_TLS_DIR:-/var/lib/docker-specdecode-b-tls}"
 A_HOST="${DOCKER_HOST:-unix:///var/run/docker.sock}"
 B_HOST="unix://$B_SOCK"
+B_TLS_HOST="tcp://127.0.0.1:$TLS_PORT"
+CLIENT_CERTS="$TLS_DIR/client"
+SERVER_CERTS="$TLS_DIR/server"
 # Engine B's containerd (started by its dockerd, under its exec root).
 B_CONTAINERD_PIDFILE="$B_EXEC_ROOT/containerd/containerd.pid"
 B_CONTAINERD_SOCK="$B_EXEC_ROOT/containerd/containerd.sock"
@@ -98,6 +122,20 @@ b_docker() { DOCKER_HOST="$B_HOST" docker "$@"; }
 b_answers() {
     command -v docker >/dev/null 2>&1 \
         && timeout 10 docker -H "$B_HOST" version --format '{{.Server.Version}}' >/dev/null 2>&1
+}
+
+# Engine B over TCP, with the client certificate (and verifying its server certificate).
+b_tls_answers() {
+    command -v docker >/dev/null 2>&1 \
+        && DOCKER_CERT_PATH="$CLIENT_CERTS" DOCKER_TLS_VERIFY=1 \
+            timeout 10 docker -H "$B_TLS_HOST" version --format '{{.Server.Version}}' >/dev/null 2>&1
+}
+
+# What a run prints on stdout; the last line is what scripts/test has always read.
+report() {
+    echo "SPECDECODE_FLEET_TLS_HOST=$B_TLS_HOST"
+    echo "SPECDECODE_FLEET_TLS_CERTS=$CLIENT_CERTS"
+    echo "$A_HOST $B_HOST"
 }
 
 # The pid in PIDFILE if that process is alive and its command line contains NEEDLE (a pid file
@@ -181,11 +219,11 @@ if [ "$MODE" = kill ] || [ "$MODE" = kill-all ]; then
 fi
 
 if [ "$MODE" = status ]; then
-    if timeout 10 docker -H "$A_HOST" version >/dev/null 2>&1 && b_answers; then
-        echo "$A_HOST $B_HOST"
+    if timeout 10 docker -H "$A_HOST" version >/dev/null 2>&1 && b_answers && b_tls_answers; then
+        report
         exit 0
     fi
-    say "engine A ($A_HOST) or engine B ($B_HOST) does not answer"
+    say "engine A ($A_HOST) or engine B ($B_HOST, or over TLS at $B_TLS_HOST) does not answer"
     exit 1
 fi
 
@@ -198,17 +236,93 @@ DOCKER_HOST="$A_HOST" bash "$REPO/scripts/provision-docker.sh" >&2 9>&- \
 A_ID="$(a_docker image inspect --format '{{.Id}}' "$IMAGE")" \
     || die "engine A has no image $IMAGE after scripts/provision-docker.sh"
 
-# -- 2. engine B ----------------------------------------------------------------------------------
+# -- 2. engine B's TLS certificates ---------------------------------------------------------------
 
-if b_answers; then
-    say "engine B answers ($B_HOST, server $(b_docker version --format '{{.Server.Version}}'))"
+# Whether the certificates are all there, signed by the CA there, and good for another day.
+certs_good() {
+    local dir file
+    for dir in "$SERVER_CERTS" "$CLIENT_CERTS"; do
+        for file in ca.pem cert.pem key.pem; do [ -s "$dir/$file" ] || return 1; done
+        cmp -s "$TLS_DIR/ca/ca.pem" "$dir/ca.pem" || return 1
+        openssl verify -CAfile "$TLS_DIR/ca/ca.pem" "$dir/cert.pem" >/dev/null 2>&1 || return 1
+        openssl x509 -checkend 86400 -noout -in "$dir/cert.pem" >/dev/null 2>&1 || return 1
+    done
+}
+
+# A fresh CA, a server certificate for 127.0.0.1/localhost and a client certificate, made in a
+# new directory that then replaces the old one (a half-made set is never left in place).
+make_certs() {
+    local new="$TLS_DIR.new.$$"
+    rm -rf "$new"
+    mkdir -p "$new/ca" "$new/server" "$new/client"
+    chmod 755 "$new"
+    chmod 700 "$new/ca"
+    (
+        set -e
+        cd "$new"
+        umask 077
+        key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+        key ca/ca-key.pem
+        openssl req -x509 -new -key ca/ca-key.pem -sha256 -days 3650 \
+            -subj "/CN=pytest-specdecode fleet engine B test CA" \
+            -addext "basicConstraints=critical,CA:TRUE" \
+            -addext "keyUsage=critical,keyCertSign,cRLSign" \
+            -out ca/ca.pem 2>/dev/null
+        leaf() {  # leaf DIR CN EXTENSIONS
+            key "$1/key.pem"
+            openssl req -new -key "$1/key.pem" -subj "/CN=$2" -out "$1/req.csr" 2>/dev/null
+            printf '%s\n' "basicConstraints=critical,CA:FALSE" \
+                "keyUsage=critical,digitalSignature" "subjectKeyIdentifier=hash" \
+                "authorityKeyIdentifier=keyid,issuer" "$3" >"$1/ext.cnf"
+            openssl x509 -req -in "$1/req.csr" -CA ca/ca.pem -CAkey ca/ca-key.pem \
+                -CAcreateserial -days 825 -sha256 -extfile "$1/ext.cnf" -out "$1/cert.pem" 2>/dev/null
+            rm -f "$1/req.csr" "$1/ext.cnf"
+            cp ca/ca.pem "$1/ca.pem"
+        }
+        leaf server 127.0.0.1 $'extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost'
+        leaf client pytest-specdecode-fleet-client "extendedKeyUsage=clientAuth"
+        chmod 644 ca/ca.pem server/ca.pem server/cert.pem client/ca.pem client/cert.pem
+        chmod 755 server client
+    ) || { rm -rf "$new"; die "openssl could not make engine B's certificates"; }
+    rm -rf "$TLS_DIR.old.$$"
+    [ -e "$TLS_DIR" ] && mv "$TLS_DIR" "$TLS_DIR.old.$$"
+    mv "$new" "$TLS_DIR"
+    rm -rf "$TLS_DIR.old.$$"
+}
+
+command -v openssl >/dev/null 2>&1 || die "openssl is needed for engine B's TLS certificates (apt-get install openssl)"
+if certs_good; then
+    say "engine B's TLS certificates are in $TLS_DIR (client: $CLIENT_CERTS)"
+else
+    say "making engine B's TLS certificates in $TLS_DIR (a CA, a server certificate for 127.0.0.1, a client certificate)"
+    make_certs
+    say "engine B's TLS certificates made (client: $CLIENT_CERTS)"
+fi
+
+# -- 3. engine B ----------------------------------------------------------------------------------
+
+if b_answers && ! b_tls_answers && pid="$(dockerd_pid)"; then
+    # An engine without this TLS listener (started by an older version of this script), or one
+    # with certificates made before the ones now in $TLS_DIR: it starts again with them.
+    say "engine B (dockerd pid $pid) does not answer over TLS at $B_TLS_HOST: stopping it to start it with its TLS listener"
+    kill -TERM "$pid"
+    if ! wait_gone "$STOP_TIMEOUT" "$pid"; then
+        kill -KILL "$pid" 2>/dev/null || true
+        wait_gone 10 "$pid" || die "dockerd $pid survived SIGKILL"
+    fi
+fi
+
+if b_answers && b_tls_answers; then
+    say "engine B answers ($B_HOST and $B_TLS_HOST, server $(b_docker version --format '{{.Server.Version}}'))"
+elif b_answers && ! dockerd_pid >/dev/null; then
+    die "an engine answers on $B_HOST but not over TLS at $B_TLS_HOST, and it is not the dockerd of $B_PIDFILE: stop it, or set SPECDECODE_FLEET_SOCKET to another socket"
 else
     if pid="$(dockerd_pid)"; then
         say "engine B's dockerd (pid $pid) is running but not answering yet; waiting for it"
     else
         rm -f "$B_PIDFILE"
         mkdir -p "$B_DATA_ROOT" "$B_EXEC_ROOT" "$(dirname "$B_LOG")" "$(dirname "$B_SOCK")"
-        say "starting engine B: socket $B_SOCK, data root $B_DATA_ROOT, exec root $B_EXEC_ROOT, log $B_LOG"
+        say "starting engine B: socket $B_SOCK and $B_TLS_HOST (TLS), data root $B_DATA_ROOT, exec root $B_EXEC_ROOT, log $B_LOG"
         # The networking flags are engine A's (scripts/provision-docker.sh): no default bridge,
         # no iptables; containers on either engine use host networking, so the two engines'
         # servers share this machine's ports (the plugin picks free ones).
@@ -217,11 +331,16 @@ else
             --data-root "$B_DATA_ROOT" \
             --exec-root "$B_EXEC_ROOT" \
             --host "$B_HOST" \
+            --host "$B_TLS_HOST" \
+            --tlsverify \
+            --tlscacert "$SERVER_CERTS/ca.pem" \
+            --tlscert "$SERVER_CERTS/cert.pem" \
+            --tlskey "$SERVER_CERTS/key.pem" \
             --pidfile "$B_PIDFILE" \
             >>"$B_LOG" 2>&1 </dev/null 9>&- &
     fi
     deadline=$((SECONDS + 60))
-    until b_answers; do
+    until b_answers && b_tls_answers; do
         if [ "$SECONDS" -ge "$deadline" ]; then
             tail -n 40 "$B_LOG" >&2 || true
             die "engine B did not answer within 60 s; its log is $B_LOG (tail above)"
@@ -232,10 +351,10 @@ else
         fi
         sleep 0.3
     done
-    say "engine B answers ($B_HOST, server $(b_docker version --format '{{.Server.Version}}'), dockerd pid $(dockerd_pid || echo '?'))"
+    say "engine B answers ($B_HOST and $B_TLS_HOST, server $(b_docker version --format '{{.Server.Version}}'), dockerd pid $(dockerd_pid || echo '?'))"
 fi
 
-# -- 3. the test image on engine B ----------------------------------------------------------------
+# -- 4. the test image on engine B ----------------------------------------------------------------
 
 B_ID="$(b_docker image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
 if [ "$B_ID" = "$A_ID" ]; then
@@ -252,5 +371,5 @@ else
     say "copied in $((SECONDS - t0)) s"
 fi
 
-say "ready: engine A $A_HOST, engine B $B_HOST, both with $IMAGE (total $(elapsed) s)"
-echo "$A_HOST $B_HOST"
+say "ready: engine A $A_HOST, engine B $B_HOST (and $B_TLS_HOST over TLS, client certificates in $CLIENT_CERTS), both with $IMAGE (total $(elapsed) s)"
+report
