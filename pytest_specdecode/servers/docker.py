@@ -637,12 +637,14 @@ def unreachable_message(
 
 
 def _tls_failed(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what it was raised from) is a failed TLS handshake."""
+    """Whether ``exc`` (or what it was raised from) is a failed TLS handshake. A reset counts:
+    an engine that refuses the client certificate under TLS 1.3 does so after the client has
+    sent its request, which the peer may then reset rather than answer with an alert."""
     seen: BaseException | None = exc
     for _ in range(10):
         if seen is None:
             return False
-        if isinstance(seen, (ssl.SSLError, requests.exceptions.SSLError)):
+        if isinstance(seen, (ssl.SSLError, requests.exceptions.SSLError, ConnectionResetError)):
             return True
         seen = seen.__cause__ or seen.__context__
     return False

@@ -243,20 +243,29 @@ def test_connect_names_what_is_missing_of_a_hosts_certificates(tmp_path: Path) -
     assert "must hold ca.pem, cert.pem, key.pem" in message
 
 
+def raised_from(inner: BaseException) -> docker.errors.DockerException:
+    """A DockerException raised from ``inner``, as the SDK raises its errors."""
+    try:
+        try:
+            raise inner
+        except BaseException as cause:
+            raise docker.errors.DockerException("Error while fetching server API") from cause
+    except docker.errors.DockerException as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
 def test_a_failed_tls_handshake_says_which_certificates_to_check(tmp_path: Path) -> None:
     import ssl
 
     tls = EngineTLS(str(tmp_path / "certs"))
-    try:
-        try:
-            raise ssl.SSLError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
-        except ssl.SSLError as inner:
-            raise docker.errors.DockerException("Error while fetching server API") from inner
-    except docker.errors.DockerException as exc:
-        message = unreachable_message("tcp://gpu-box:2376", exc, tls)
+    refused = raised_from(ssl.SSLError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] verify failed"))
+    message = unreachable_message("tcp://gpu-box:2376", refused, tls)
     assert "DOCKER_HOST=tcp://gpu-box:2376 (TLS client certificate in " in message
     assert "the TLS handshake failed" in message
     assert f"signed by {tmp_path / 'certs' / 'ca.pem'}" in message
+    reset = raised_from(ConnectionResetError(104, "Connection reset by peer"))  # TLS 1.3's no
+    assert "the TLS handshake failed" in unreachable_message("tcp://gpu-box:2376", reset, tls)
     plain = unreachable_message(
         "tcp://gpu-box:2376",
         docker.errors.DockerException("Client sent an HTTP request to an HTTPS server."),
