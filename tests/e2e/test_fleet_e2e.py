@@ -3,7 +3,10 @@ sockets and data roots: scripts/provision-docker-fleet.sh), the simulated server
 both, the plugin placing profiles on them through ``[hosts.NAME]`` (issue 14).
 
 Needs ``SPECDECODE_FLEET_DOCKER_HOSTS="unix:///... unix:///..."`` (scripts/test exports it);
-without it these tests skip, unless ``SPECDECODE_REQUIRE_DOCKER=1`` (CI), which fails them.
+without it these tests skip, unless ``SPECDECODE_REQUIRE_DOCKER=1`` (CI), which fails them. The
+TLS tests also need engine B's TLS endpoint and client certificate directory,
+``SPECDECODE_FLEET_TLS_HOST`` and ``SPECDECODE_FLEET_TLS_CERTS`` (the script prints them,
+scripts/test exports them): skipped without, failed under ``SPECDECODE_REQUIRE_DOCKER=1``.
 """
 
 from __future__ import annotations
@@ -274,5 +277,177 @@ def test_a_host_killed_mid_run_fails_its_tests_leaks_nothing_and_the_other_goes_
     project.tests(TESTS.split('@pytest.mark.specdecode("on-b"')[0])
     again = project.run(*RUNS)
     again.assert_outcomes(passed=1)
+    assert containers(ENGINES[1]) == []
+    assert containers(ENGINES[0]) == []
+
+
+# -- a host reached over TCP with TLS client certificates of its own (#14) -------------------------
+
+TLS_HOST = os.environ.get("SPECDECODE_FLEET_TLS_HOST", "")
+TLS_CERTS = os.environ.get("SPECDECODE_FLEET_TLS_CERTS", "")
+# box-b is engine B over its TLS endpoint, with the host's own client certificates (box-a: none)
+TLS_FLEET = FLEET.replace(
+    'docker_host_env = "FLEET_BOX_B"\n',
+    'docker_host_env = "FLEET_BOX_B"\ntls_cert_path = "{certs}"\n',
+)
+CONTEXT_FLEET = FLEET.replace('docker_host_env = "FLEET_BOX_B"\n', 'context = "fleet-tls"\n')
+
+
+@pytest.fixture
+def tls_fleet(fleet, monkeypatch) -> tuple[object, Path]:
+    """The fleet with box-b's endpoint engine B's TLS one (scripts/provision-docker-fleet.sh
+    prints it and its client certificate directory; scripts/test exports them)."""
+    if not TLS_HOST or not TLS_CERTS:
+        reason = (
+            "SPECDECODE_FLEET_TLS_HOST and SPECDECODE_FLEET_TLS_CERTS (engine B's TLS endpoint "
+            "and client certificates, from scripts/provision-docker-fleet.sh) are not set"
+        )
+        if os.environ.get("SPECDECODE_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"SPECDECODE_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    monkeypatch.setenv("FLEET_BOX_B", TLS_HOST)
+    return fleet, Path(TLS_CERTS)
+
+
+def created_on(engine: str, container_id: str, since: float) -> bool:
+    """Whether ``engine`` created the container ``container_id`` since ``since`` (its events)."""
+    client = docker.DockerClient(base_url=engine)
+    try:
+        events = client.events(
+            since=int(since) - 1, until=int(time.time()) + 1, decode=True,
+            filters={"type": "container", "event": "create", "container": container_id},
+        )  # fmt: skip
+        return any(event.get("id") == container_id for event in events)
+    finally:
+        client.close()
+
+
+def container_of(log: str) -> str:
+    found = re.search(r"^# pytest-specdecode: container \S+ \(id ([0-9a-f]{64})\)", log, re.M)
+    assert found, log[:500]
+    return found.group(1)
+
+
+def make_certs(folder: Path, ca: Path | None = None) -> Path:
+    """A CA of its own (or ``ca``'s key and certificate) and a client certificate it signed, in
+    Docker's layout (ca.pem, cert.pem, key.pem), with openssl."""
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=folder)
+
+    ec = ("-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256")
+    if ca is None:
+        ssl("genpkey", *ec, "-out", "ca-key.pem")
+        ssl("req", "-x509", "-new", "-key", "ca-key.pem", "-days", "2", "-subj", "/CN=other CA",
+            "-out", "ca.pem")  # fmt: skip
+        ca = folder
+    ssl("genpkey", *ec, "-out", "key.pem")
+    ssl("req", "-new", "-key", "key.pem", "-subj", "/CN=fleet client", "-out", "client.csr")
+    (folder / "ext.cnf").write_text("extendedKeyUsage=clientAuth\n")
+    ssl("x509", "-req", "-in", "client.csr", "-CA", str(ca / "ca.pem"), "-CAkey",
+        str(ca / "ca-key.pem"), "-CAcreateserial", "-days", "2", "-extfile", "ext.cnf",
+        "-out", "cert.pem")  # fmt: skip
+    return folder
+
+
+@pytest.mark.parametrize("how", ["tls_cert_path", "context"])
+def test_a_host_reached_over_tls_with_its_own_certificates_runs_its_profile(
+    tls_fleet, monkeypatch, tmp_path, how
+):
+    """box-b's engine listens on TCP with --tlsverify; only box-b has the client certificates
+    (pytest's environment has none): its profile runs there, on engine B, and leaves nothing."""
+    project, certs = tls_fleet
+    monkeypatch.delenv("DOCKER_CERT_PATH", raising=False)
+    monkeypatch.delenv("DOCKER_TLS_VERIFY", raising=False)
+    if how == "context":  # made by the docker CLI, as a user would, in a config of our own
+        config = tmp_path / "docker-config"
+        config.mkdir()
+        (config / "config.json").write_text("{}")  # the SDK reads contexts beside it only
+        material = f"ca={certs}/ca.pem,cert={certs}/cert.pem,key={certs}/key.pem"
+        subprocess.run(
+            ["docker", "--config", str(config), "context", "create", "fleet-tls",
+             "--docker", f"host={TLS_HOST},{material}"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        monkeypatch.setenv("DOCKER_CONFIG", str(config))
+        project.profiles(CONTEXT_FLEET.format(a=ENGINES[0], args=FAST))
+    else:
+        project.profiles(TLS_FLEET.format(a=ENGINES[0], args=FAST, certs=certs))
+    project.tests(TESTS)
+    report = project.path / "report.json"
+    started = time.time()
+    result = project.run("-n", "2", *RUNS, f"--specdecode-report={report}")
+    result.assert_outcomes(passed=3)
+    rows = {t["test_id"].rsplit("::", 1)[1]: t for t in json.loads(report.read_text())["tests"]}
+    assert rows["test_b1"]["host"] == "box-b"
+    assert rows["test_a1"]["host"] == "box-a"
+    logs = server_logs(project)
+    assert f"on DOCKER_HOST={TLS_HOST};" in logs["on-b"]  # reached over TCP
+    assert created_on(ENGINES[1], container_of(logs["on-b"]), started)  # engine B ran it
+    assert not created_on(ENGINES[0], container_of(logs["on-b"]), started)
+    assert containers(ENGINES[0]) == []
+    assert containers(ENGINES[1]) == []
+
+
+@pytest.mark.parametrize(
+    ("broken", "message"),
+    [
+        ("no-key", "of host 'box-b', but no key.pem ("),
+        ("other-ca", "the TLS handshake failed"),
+        ("client-cert-of-another-ca", "the TLS handshake failed"),
+    ],
+)
+def test_a_tls_host_with_wrong_certificates_fails_its_tests_and_the_other_goes_on(
+    tls_fleet, tmp_path, broken, message
+):
+    project, certs = tls_fleet
+    wrong = tmp_path / "wrong-certs"
+    if broken == "no-key":
+        wrong.mkdir()
+        for name in ("ca.pem", "cert.pem"):
+            (wrong / name).write_bytes((certs / name).read_bytes())
+    elif broken == "other-ca":  # the CA, the certificate and its key of another engine's
+        make_certs(wrong)
+    else:  # the right CA, but a client certificate the engine's CA never signed
+        other = make_certs(tmp_path / "other")
+        make_certs(wrong, ca=other)
+        (wrong / "ca.pem").write_bytes((certs / "ca.pem").read_bytes())
+    project.profiles(TLS_FLEET.format(a=ENGINES[0], args=FAST, certs=wrong))
+    project.tests(TESTS)
+    result = project.run("-n", "2", *RUNS)
+    result.assert_outcomes(passed=2, errors=1)  # box-a's two tests ran
+    out = result.stdout.str()
+    assert message in out, out
+    assert "box-b" in out
+    assert str(wrong) in out  # the directory is named
+    if (wrong / "key.pem").exists():  # a path is printed, never a key
+        key = (wrong / "key.pem").read_text().splitlines()[1]
+        assert key not in out
+    assert containers(ENGINES[0]) == []
+    assert containers(ENGINES[1]) == []
+
+
+def test_a_kept_server_on_a_tls_host_is_reused_and_stopped_with_the_recorded_certificates(
+    tls_fleet,
+):
+    """The state file records the certificates the server was reached with; the next session
+    (its controller, under xdist, holds no launcher) checks and stops it through them."""
+    project, certs = tls_fleet
+    project.profiles(TLS_FLEET.format(a=ENGINES[0], args=FAST, certs=certs))
+    project.tests(TESTS)
+    first = project.run("-n", "2", *RUNS, "--specdecode-keep-server")
+    first.assert_outcomes(passed=3)
+    assert len(containers(ENGINES[1])) == 1
+    entries = json.loads((project.state_dir / "servers.json").read_text())["servers"]
+    identities = [e["identity"] for e in entries.values() if e["profile"] == "on-b"]
+    assert len(identities) == 1
+    assert identities[0]["docker_host"] == TLS_HOST
+    assert identities[0]["docker_cert_path"] == str(certs)
+    assert identities[0]["docker_tls_verify"] is True
+    again = project.run("-n", "2", *RUNS)
+    again.assert_outcomes(passed=3)
+    text = again.stdout.str()
+    assert "on-b launched 0, reused 1, stopped 1" in text, text
     assert containers(ENGINES[1]) == []
     assert containers(ENGINES[0]) == []
