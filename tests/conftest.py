@@ -8,6 +8,8 @@ the plugin's own controller/worker logic would see a worker where there is none.
 
 from __future__ import annotations
 
+import os
+
 # httpx 0.28 imports httpcore on its first connection. Where that is inside a pytester test,
 # pytester's teardown removes the modules the test imported, httpcore among them; the next
 # import makes new exception classes that httpx's mapping no longer knows, and a refused
@@ -34,3 +36,15 @@ def _machine_load_not_compared(monkeypatch: pytest.MonkeyPatch) -> None:
     the load changes between a test's recording and its check, and the warning would change
     what a test sees. tests/e2e/test_machine_load_e2e.py turns it on with an injected load."""
     monkeypatch.setenv("PYTEST_SPECDECODE_MACHINE_LOAD", "off")
+
+
+# Plugins installed for the suite itself that no run it starts uses: each costs every pytester
+# run its import (hypothesis and anyio together about 0.3 s of CPU, hundreds of runs a suite).
+UNUSED_IN_INNER_RUNS = ("hypothesispytest", "anyio")
+
+
+@pytest.fixture(autouse=True)
+def _inner_runs_skip_unused_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    blocked = " ".join(f"-p no:{name}" for name in UNUSED_IN_INNER_RUNS)
+    given = os.environ.get("PYTEST_ADDOPTS", "")
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"{given} {blocked}".strip())
