@@ -20,7 +20,7 @@ from pytest_specdecode.profiles.profile import (
 )
 from pytest_specdecode.servers.build import BuildKey, build_key
 from pytest_specdecode.servers.launcher import Launcher, ServerIdentity, wait_port_free
-from pytest_specdecode.servers.ports import process_cmdline
+from pytest_specdecode.servers.ports import process_cmdline, session_listens
 from pytest_specdecode.servers.subprocess import (
     SubprocessLauncher,
     process_alive,
@@ -170,5 +170,7 @@ def stop_identity(identity: ServerIdentity, *, grace: float) -> bool:
         stop_process_group(pid, grace=grace)
     host, port = identity.get("host"), identity.get("port")
     if isinstance(host, str) and isinstance(port, int):
-        wait_port_free(host, port, timeout=30.0)
+        # the server led its own session (start_new_session): its processes share its pid
+        ours = (lambda: session_listens(pid, port)) if isinstance(pid, int) else None
+        wait_port_free(host, port, timeout=30.0, ours=ours)
     return True

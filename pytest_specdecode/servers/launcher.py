@@ -125,14 +125,25 @@ def port_in_use(host: str, port: int) -> bool:
         return sock.connect_ex((host if host not in ("0.0.0.0", "") else "127.0.0.1", port)) == 0
 
 
-def wait_port_free(host: str, port: int, timeout: float = 30.0) -> bool:
+def wait_port_free(
+    host: str,
+    port: int,
+    timeout: float = 30.0,
+    *,
+    ours: Callable[[], bool | None] | None = None,
+) -> bool:
     """Wait until nothing accepts connections on ``host:port``; ``False`` on timeout.
 
     A server's orphaned children can hold the port after the parent died (sglang-api.md §7.2-3),
-    so a launcher only reports a server stopped once its port is free.
+    so a launcher only reports a server stopped once its port is free. ``ours`` says whether
+    the stopped server's processes still listen there (``None``: cannot tell): once it says
+    ``False``, whoever holds the port is somebody else (a server that took the port while ours
+    loaded), and waiting for it would only cost the timeout.
     """
     deadline = time.monotonic() + timeout
     while port_in_use(host, port):
+        if ours is not None and ours() is False:
+            return False
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)

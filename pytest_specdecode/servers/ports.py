@@ -91,6 +91,17 @@ def session_holds_port(session: int, port: int) -> bool | None:
     return False
 
 
+def session_listens(session: int, port: int) -> bool | None:
+    """Whether any process of session ``session`` still listens on ``port`` (a stopped
+    server's children that have not let go yet); ``None`` when this machine cannot tell."""
+    if not proc_available():
+        return None
+    sockets = set(_listening_inodes(port))
+    if not sockets:
+        return False
+    return any(_session(pid) == session and sockets & set(_socket_inodes(pid)) for pid in _pids())
+
+
 def pids_hold_port(pids: Iterable[int], port: int) -> bool | None:
     """Whether ``pids`` (a container's processes, as the engine lists them) hold every socket
     listening on ``port``; ``None`` when this machine cannot tell."""

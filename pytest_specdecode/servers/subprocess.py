@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pytest_specdecode.errors import ServerStartError
 from pytest_specdecode.servers.launcher import ServerIdentity, redact_argv, wait_port_free
-from pytest_specdecode.servers.ports import proc_stat, session_holds_port
+from pytest_specdecode.servers.ports import proc_stat, session_holds_port, session_listens
 
 
 class SubprocessLauncher:
@@ -91,7 +91,8 @@ class SubprocessLauncher:
             return
         self._stopped = True
         stop_process_group(self._proc.pid, grace=grace, wait=self._proc.wait)
-        wait_port_free(self.host, self.port, timeout=30.0)
+        pid, port = self._proc.pid, self.port
+        wait_port_free(self.host, port, timeout=30.0, ours=lambda: session_listens(pid, port))
 
     def serves_port(self) -> bool | None:
         if self._proc is None:
