@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from pytest_specdecode.calibration_cache import code_digest, memoized
 from pytest_specdecode.lazy import LazyModule
 from pytest_specdecode.stats import (
     DEFAULT_RESAMPLES,
@@ -125,6 +126,30 @@ def _spent(fractions: NDArray[np.float64], alpha: float, spending: str) -> NDArr
 
 @lru_cache(maxsize=64)
 def _nominal_look_alphas(
+    looks: tuple[int, ...], alpha: float, spending: str, n_baseline: int | None
+) -> tuple[float, ...]:
+    """The calibrated level of every look, computed once per user (calibration_cache.py)."""
+    key = {
+        "looks": list(looks),
+        "alpha": alpha,
+        "spending": spending,
+        "n_baseline": n_baseline,
+        "paths": _CALIBRATION_PATHS,
+        "seed": _CALIBRATION_SEED,
+        "numpy": np.__version__,
+        "scipy": _scipy_version(),
+        "code": code_digest((_simulate_look_alphas, _spent, welch_terms)),
+    }
+    return memoized(key, lambda: _simulate_look_alphas(looks, alpha, spending, n_baseline))
+
+
+def _scipy_version() -> str:
+    import scipy
+
+    return str(scipy.__version__)
+
+
+def _simulate_look_alphas(
     looks: tuple[int, ...], alpha: float, spending: str, n_baseline: int | None
 ) -> tuple[float, ...]:
     # Simulate the Welch p-values of the actual test at every look, on seeded paths with the

@@ -44,7 +44,43 @@ UNUSED_IN_INNER_RUNS = ("hypothesispytest", "anyio")
 
 
 @pytest.fixture(autouse=True)
-def _inner_runs_skip_unused_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+def _inner_runs_skip_unused_plugins(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS: set ours after it
     blocked = " ".join(f"-p no:{name}" for name in UNUSED_IN_INNER_RUNS)
     given = os.environ.get("PYTEST_ADDOPTS", "")
     monkeypatch.setenv("PYTEST_ADDOPTS", f"{given} {blocked}".strip())
+
+
+@pytest.fixture(autouse=True)
+def _one_calibration_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runs the tests start share one cache of the sequential plans' calibration
+    (calibration_cache.py): pytester gives each test a HOME of its own, where every run would
+    compute its plans again (0.4-1.4 s each), and the user's cache stays untouched."""
+    shared = tmp_path_factory.getbasetemp() / "calibration-cache"
+    monkeypatch.setenv("PYTEST_SPECDECODE_CALIBRATION_CACHE", str(shared))
+
+
+# Under `-n` (scripts/test runs the suite on two workers), tests that share one machine-wide
+# thing run on one worker, one after another: the Docker engines (the fleet tests remove every
+# managed container on both engines and kill engine B; the fault matrix has Docker rows).
+SHARED_BY_PATH = {
+    "docker-engines": (
+        "tests/docker/",
+        "tests/e2e/test_fleet_e2e.py",
+        "tests/e2e/test_lifecycle_docker.py",
+        "tests/e2e/test_fault_matrix.py",
+    ),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path.relative_to(config.rootpath).as_posix()
+        for group, prefixes in SHARED_BY_PATH.items():
+            if path.startswith(prefixes):
+                item.add_marker(pytest.mark.xdist_group(group))
