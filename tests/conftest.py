@@ -54,6 +54,17 @@ def _inner_runs_skip_unused_plugins(
     monkeypatch.setenv("PYTEST_ADDOPTS", f"{given} {blocked}".strip())
 
 
+# The noise guard refuses to record a baseline whose tok/s CV is above 8%. A loaded 2-core box
+# moves the client's timing of short simulated runs that much (seen in CI: 8.3%, 10.7%, 15.6%
+# over 3-6 runs), so the runs the tests start allow 30%; the guard's own test asks for 8%.
+SUITE_MAX_BASELINE_CV = "0.30"
+
+
+@pytest.fixture(autouse=True)
+def _noise_guard_for_a_loaded_box(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_SPECDECODE_MAX_BASELINE_CV", SUITE_MAX_BASELINE_CV)
+
+
 @pytest.fixture(autouse=True)
 def _one_calibration_cache(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch

@@ -111,7 +111,8 @@ def test_a_noisy_baseline_is_refused_unless_forced(quiet_project: Project) -> No
     quiet = path.read_bytes()
     noisy = {"SPECDECODE_SIM_NOISE_CV": "0.5"}
 
-    refused = quiet_project.run_with_env(noisy, *RECORD)
+    # the default limit (the suite's runs allow more: tests/conftest.py)
+    refused = quiet_project.run_with_env(noisy, *RECORD, "--specdecode-max-baseline-cv", "0.08")
     refused.assert_outcomes(failed=1)
     text = section(refused, "test_a")
     assert re.search(
@@ -123,7 +124,9 @@ def test_a_noisy_baseline_is_refused_unless_forced(quiet_project: Project) -> No
     assert "baselines updated" not in refused.stdout.str()
     assert path.read_bytes() == quiet  # the old baseline is left alone
 
-    forced = quiet_project.run_with_env(noisy, *RECORD, "--specdecode-force-baseline")
+    forced = quiet_project.run_with_env(
+        noisy, *RECORD, "--specdecode-max-baseline-cv", "0.08", "--specdecode-force-baseline"
+    )
     forced.assert_outcomes(passed=1)
     match = re.search(r"  tok_s .* tok/s \([+-]\d+\.\d%\), n=6, CV (\d+\.\d)%", forced.stdout.str())
     assert match, forced.stdout.str()
