@@ -13,8 +13,9 @@ pins=(
   "pytest==8.0.0 pytest-xdist==3.5.0 pytest-benchmark==4.0.0"  # the bounds in pyproject.toml
   "pytest==9.2.0 pytest-xdist==3.8.0 pytest-benchmark==5.2.3"  # the newest tested
 )
-status=0
-for spec in "${pins[@]}"; do
+# one pin set: its venv, the install (skipped when already there), its tests
+check() {
+  local spec=$1 t0 venv stamp want
   t0=$(date +%s)
   venv="$cache/compat-$(echo "$spec" | sha256sum | cut -c1-12)"
   if [ ! -x "$venv/bin/python" ]; then
@@ -25,16 +26,35 @@ for spec in "${pins[@]}"; do
   stamp="$venv/.specdecode-installed"
   want="$(pwd) $(sha256sum pyproject.toml | cut -c1-16) $spec"
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    # one install at a time: setuptools writes the checkout's egg-info while it builds
     # shellcheck disable=SC2086  # the pins are separate words
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e . jsonschema $spec
+    flock "$cache/compat-install.lock" \
+      "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e . jsonschema $spec
     echo "$want" >"$stamp"
   fi
-  if ! "$venv/bin/python" -m pytest -q -p no:randomly -p no:cacheprovider \
-      tests/e2e/test_lifecycle.py tests/e2e/test_outputs_e2e.py -k "xdist or benchmark"; then
-    echo "scripts/test-compat: FAILED with $spec" >&2
+  local rc=0
+  "$venv/bin/python" -m pytest -q -p no:randomly -p no:cacheprovider \
+    tests/e2e/test_lifecycle.py tests/e2e/test_outputs_e2e.py -k "xdist or benchmark" || rc=$?
+  echo "scripts/test-compat: $spec: $(( $(date +%s) - t0 )) s" >&2
+  return "$rc"
+}
+
+# The pin sets side by side (their tests mostly wait on servers), each one's output shown whole
+# when it is done.
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
+pids=()
+for i in "${!pins[@]}"; do
+  check "${pins[$i]}" >"$logs/$i.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for i in "${!pins[@]}"; do
+  if ! wait "${pids[$i]}"; then
+    echo "scripts/test-compat: FAILED with ${pins[$i]}" >>"$logs/$i.log"
     status=1
   fi
-  echo "scripts/test-compat: $spec: $(( $(date +%s) - t0 )) s" >&2
+  cat "$logs/$i.log" >&2
 done
 # the editable install above pointed the package at this checkout from other venvs; the main
 # interpreter's own install is left as it was
