@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specdecode.outputs.history import history_record
-from pytest_specdecode.result import SpecdecodeResult
+from pytest_specdecode.result import SpecdecodeResult, TestError
 from pytest_specdecode.verdict import Outcome
 
 DATA = Path(__file__).parent / "data" / "seed_results.json"
@@ -112,4 +112,19 @@ def night(
             "run_id": f"night-{day}",
             "git": {"commit": f"{day:02d}" + "c0ffee" * 6, "dirty": False},
         },
+    )
+
+
+def errored(profile: str, error: TestError) -> SpecdecodeResult:
+    """The seed's test of ``profile`` as a test that errored or crashed with ``error``."""
+    seed = seed_result(profile)
+    return SpecdecodeResult.errored(
+        seed.test_id,
+        profile=seed.profile,
+        simulated=seed.simulated,
+        hardware_key=seed.hardware_key,
+        workload_name=seed.workload_name,
+        workload_hash=seed.workload_hash,
+        fingerprint=seed.fingerprint,
+        error=error,
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from reportdata import night, seed_result
+from reportdata import errored, night, seed_result
 
 from pytest_specdecode.outputs.history import (
     HISTORY_SCHEMA_PATH,
@@ -44,17 +44,7 @@ CRASH = TestError(
 
 
 def crashed(profile: str = "eagle3-2step-nccl", error: TestError = CRASH) -> SpecdecodeResult:
-    seed = seed_result(profile)
-    return SpecdecodeResult.errored(
-        seed.test_id,
-        profile=seed.profile,
-        simulated=seed.simulated,
-        hardware_key=seed.hardware_key,
-        workload_name=seed.workload_name,
-        workload_hash=seed.workload_hash,
-        fingerprint=seed.fingerprint,
-        error=error,
-    )
+    return errored(profile, error)
 
 
 def schema(path: Any) -> jsonschema.Draft202012Validator:

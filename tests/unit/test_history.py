@@ -12,7 +12,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from reportdata import night, scaled, seed_result, seed_results
+from reportdata import errored, night, scaled, seed_result, seed_results
 
 from pytest_specdecode.outputs.history import (
     HISTORY_SCHEMA_PATH,
@@ -382,21 +382,7 @@ def errored_night(day: int, profiles: tuple[str, ...] = (TWO_STEP,)) -> dict[str
     """The history record of a session on 2026-11-``day`` at 03:00 UTC in which the server of
     every test of ``profiles`` did not start: no values, outcome "error"."""
     crash = TestError(phase="setup", type="ServerStartError", cause="server did not start")
-    results = []
-    for profile in profiles:
-        seed = seed_result(profile)
-        results.append(
-            Result.errored(
-                seed.test_id,
-                profile=seed.profile,
-                simulated=seed.simulated,
-                hardware_key=seed.hardware_key,
-                workload_name=seed.workload_name,
-                workload_hash=seed.workload_hash,
-                fingerprint=seed.fingerprint,
-                error=crash,
-            )
-        )
+    results = [errored(profile, crash) for profile in profiles]
     return history_record(
         results,
         session_info={
