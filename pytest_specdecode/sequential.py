@@ -34,13 +34,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from pytest_specdecode.calibration_cache import code_digest, memoized
-from pytest_specdecode.lazy import LazyModule
+from pytest_specdecode.distributions import norm_isf, norm_sf, t_isf, t_sf
 from pytest_specdecode.stats import (
     DEFAULT_RESAMPLES,
     Comparison,
@@ -52,8 +51,6 @@ from pytest_specdecode.stats import (
     verdict_codes,
     welch_terms,
 )
-
-stats: Any = LazyModule("scipy.stats")  # imported at the first look (lazy.py says why)
 
 __all__ = ["SPENDING_FUNCTIONS", "SequentialPlan", "run_sequential", "sequential_verdicts"]
 
@@ -120,8 +117,8 @@ def _spent(fractions: NDArray[np.float64], alpha: float, spending: str) -> NDArr
     """Cumulative alpha spent by information fraction (Lan-DeMets)."""
     if spending == "pocock":
         return np.asarray(alpha * np.log1p((math.e - 1.0) * fractions), dtype=np.float64)
-    z = float(stats.norm.isf(alpha / 2.0))
-    return np.asarray(2.0 * stats.norm.sf(z / np.sqrt(fractions)), dtype=np.float64)
+    z = float(norm_isf(alpha / 2.0))
+    return np.asarray(2.0 * norm_sf(z / np.sqrt(fractions)), dtype=np.float64)
 
 
 @lru_cache(maxsize=64)
@@ -179,7 +176,7 @@ def _simulate_look_alphas(
         mean = total / n_runs
         var = (total_squares - n_runs * mean * mean) / (n_runs - 1)
         se, df = welch_terms(var, n_runs, base_var, base_runs)
-        p_values = np.asarray(stats.t.sf((mean - base_mean) / se, df))
+        p_values = np.asarray(t_sf((mean - base_mean) / se, df))
         if not nominal and n_baseline is None:  # an exact one-sample t: no simulation needed
             level = increment
         else:
@@ -276,7 +273,7 @@ def sequential_verdicts(
     for look_alpha, n_runs in zip(plan.look_alphas(), plan.looks(), strict=True):
         head = log_cur[:, :n_runs]
         se, df = welch_terms(_row_variance(head), n_runs, base_var, base.shape[1])
-        half_width = np.asarray(stats.t.isf(look_alpha, df)) * se
+        half_width = np.asarray(t_isf(look_alpha, df)) * se
         estimate = head.mean(axis=1) - base_mean
         codes = verdict_codes(estimate - half_width, estimate + half_width, threshold)
         decided = undecided & (codes != 0)

@@ -76,11 +76,23 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from pytest_specdecode.distributions import (
+    chi2_ppf,
+    norm_cdf,
+    norm_isf,
+    norm_ppf,
+    norm_sf,
+    t_cdf,
+    t_isf,
+    t_ppf,
+    t_sf,
+)
 from pytest_specdecode.errors import SpecdecodeError
 from pytest_specdecode.launches import LaunchPrior, TwoLevelInterval, two_level
 from pytest_specdecode.lazy import LazyModule
 
-# scipy is imported at the first comparison, not when pytest loads the plugin (lazy.py says why)
+# scipy is imported at the first comparison, not when pytest loads the plugin (lazy.py says why);
+# scipy.stats only for the bootstrap (distributions.py says why)
 optimize: Any = LazyModule("scipy.optimize")
 special: Any = LazyModule("scipy.special")
 stats: Any = LazyModule("scipy.stats")
@@ -182,7 +194,7 @@ def describe(samples: Sequence[float], confidence: float = 0.95) -> SampleSummar
     ci_low = ci_high = cv = None
     if values.size >= 2:
         std = 0.0 if constant else float(np.std(values, ddof=1))
-        half = float(stats.t.ppf(0.5 + confidence / 2, values.size - 1)) * std
+        half = float(t_ppf(0.5 + confidence / 2, values.size - 1)) * std
         half /= math.sqrt(values.size)
         ci_low, ci_high = mean - half, mean + half
         cv = std / abs(mean) if mean != 0 else None
@@ -397,15 +409,15 @@ def _t_interval(
 ) -> _Interval:
     if se <= 0:
         return _Interval(method, estimate, estimate, estimate, 0.0, 0.0, (), df)
-    t_crit = float(stats.t.isf(alpha, df))
+    t_crit = float(t_isf(alpha, df))
     t_stat = (estimate - threshold) / se
     return _Interval(
         method,
         estimate,
         estimate - t_crit * se,
         estimate + t_crit * se,
-        float(stats.t.sf(t_stat, df)),
-        float(stats.t.cdf(t_stat, df)),
+        float(t_sf(t_stat, df)),
+        float(t_cdf(t_stat, df)),
         (),
         df,
     )
@@ -429,8 +441,8 @@ def mde_text(mde: float) -> str:
 def _two_level_mde(levels: TwoLevelInterval, alpha: float) -> float:
     """The distance a one-sided t test with the two-level standard error and df detects with
     power :data:`MDE_POWER` (treating the standard error as known: a planning figure)."""
-    t_alpha = float(stats.t.isf(alpha, levels.df))
-    t_power = float(stats.t.isf(1.0 - MDE_POWER, levels.df))
+    t_alpha = float(t_isf(alpha, levels.df))
+    t_power = float(t_isf(1.0 - MDE_POWER, levels.df))
     distance = (t_alpha - t_power) * levels.se
     return math.expm1(distance) if distance < 50 else math.inf  # past that: unbounded
 
@@ -534,7 +546,7 @@ def _bootstrap(
         var_cur * (cur.size - 1) / cur.size**2 + var_base * (base.size - 1) / base.size**2
     )
     expansion = float(se) / plug_in
-    level = float(stats.norm.sf(expansion * float(stats.t.isf(alpha, df))))
+    level = float(norm_sf(expansion * float(t_isf(alpha, df))))
     statistic = partial(_log_ratio_of_means, sign=sign)
     result = stats.bootstrap(
         (cur, base),
@@ -552,7 +564,7 @@ def _bootstrap(
 
     def p_value(tail: float) -> float:
         # The alpha at which the expanded percentile bound would sit exactly on the threshold.
-        return float(stats.t.sf(float(stats.norm.isf(tail)) / expansion, df))
+        return float(t_sf(float(norm_isf(tail)) / expansion, df))
 
     return _Interval(
         "bootstrap",
@@ -581,7 +593,7 @@ def _mann_whitney_cdf(n: int, m: int) -> NDArray[np.float64]:
     pairs = n * m
     if pairs > _EXACT_RANK_MAX_PAIRS:
         sd = math.sqrt(pairs * (n + m + 1) / 12.0)
-        cdf = np.asarray(stats.norm.cdf((np.arange(pairs + 1) + 0.5 - pairs / 2.0) / sd))
+        cdf = np.asarray(norm_cdf((np.arange(pairs + 1) + 0.5 - pairs / 2.0) / sd))
     else:
         # pmf(i, j): the largest of the i + j values is an x with probability i / (i + j), and
         # then it beats all j y's (U shifts by j); otherwise it is a y that beats nothing.
@@ -688,7 +700,7 @@ def _scaled_variance_nodes(runs: float) -> tuple[NDArray[np.float64], NDArray[np
     df = runs - 1.0
     if df > 150:  # Laguerre weights overflow; the distribution is narrow, midpoints suffice
         levels = (np.arange(_QUADRATURE_NODES) + 0.5) / _QUADRATURE_NODES
-        nodes = np.asarray(stats.chi2.ppf(levels, df) / df, dtype=np.float64)
+        nodes = np.asarray(chi2_ppf(levels, df) / df, dtype=np.float64)
         return nodes, np.full(_QUADRATURE_NODES, 1.0 / _QUADRATURE_NODES)
     # chi2(df) = 2 Y, Y ~ Gamma(df / 2): generalized Gauss-Laguerre, weight y^(df/2 - 1) e^-y
     nodes, weights = special.roots_genlaguerre(_QUADRATURE_NODES, df / 2.0 - 1.0)
@@ -710,13 +722,13 @@ def _noncentrality_for_power(
     inv_base = 0.0 if math.isinf(n_baseline) else 1.0 / n_baseline
     base_runs = int(n_baseline) if inv_base else 2  # any count: its variance is 0
     se_hat, df = welch_terms(cur_var[:, None], int(n_current), base_var[None, :], base_runs)
-    offsets = np.asarray(stats.t.isf(alpha, df)) * se_hat / math.sqrt(1.0 / n_current + inv_base)
+    offsets = np.asarray(t_isf(alpha, df)) * se_hat / math.sqrt(1.0 / n_current + inv_base)
     weights = cur_w[:, None] * base_w[None, :]
 
     def shortfall(noncentrality: float) -> float:
-        return float(np.sum(weights * stats.norm.cdf(noncentrality - offsets))) - power
+        return float(np.sum(weights * norm_cdf(noncentrality - offsets))) - power
 
-    upper = float(offsets.max()) + float(stats.norm.ppf(power)) + 1.0
+    upper = float(offsets.max()) + float(norm_ppf(power)) + 1.0
     return float(optimize.brentq(shortfall, 0.0, upper, xtol=1e-10))
 
 
