@@ -154,8 +154,10 @@ def test_heavy_noise_is_inconclusive_after_more_runs(quiet_project: Project) -> 
     )
     quiet_project.run(*RECORD).assert_outcomes(passed=1)
 
+    # 60% run-to-run noise: at 30%, a baseline a loaded box had recorded slow let the first
+    # look PASS (+15.1% [-9.8%, +47.0%] against -10%; clean-clone CI on 2 workers)
     noisy = quiet_project.run_with_env(
-        {"SPECDECODE_SIM_NOISE_CV": "0.3"},
+        {"SPECDECODE_SIM_NOISE_CV": "0.6"},
         "--specdecode-runs", "3", "--specdecode-max-runs", "6", "-rx",
     )  # fmt: skip
     noisy.assert_outcomes(xfailed=1)  # the default policy for INCONCLUSIVE
