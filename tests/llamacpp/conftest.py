@@ -30,8 +30,10 @@ BUILD_SCRIPT = REPO / "scripts" / "build-llama-server.sh"
 BUILD = "bash scripts/build-llama-server.sh"
 ENV_BINARY = "SPECDECODE_LLAMA_SERVER"
 ENV_REQUIRE = "SPECDECODE_REQUIRE_LLAMACPP"
-#: Small and fast on 2 cores: 2 threads, a 1024-token context, one slot, Prometheus on.
-BASE_ARGS = ("-t", "2", "-c", "1024", "-np", "1", "--metrics")
+#: Small and fast on a shared 2-core box: 1 thread, a 1024-token context, one slot, Prometheus on.
+#: One thread because llama.cpp's threads spin-wait on each other: with 2 threads beside another
+#: busy process a 0.4 s completion took up to 61 s here, and past the 60 s timeout in CI.
+BASE_ARGS = ("-t", "1", "-c", "1024", "-np", "1", "--metrics")
 
 
 def _unavailable(reason: str) -> NoReturn:
@@ -227,7 +229,7 @@ def start_llama_server(
     llama_server_binary: LlamaServerBinary, tmp_path: Path
 ) -> Iterator[StartLlamaServer]:
     """``start_llama_server(*args, name=...)``: a ready server on a free port, killed after
-    the test whatever happens. ``BASE_ARGS`` (``-t 2 -c 1024 -np 1 --metrics``) come first."""
+    the test whatever happens. ``BASE_ARGS`` (``-t 1 -c 1024 -np 1 --metrics``) come first."""
     servers = LlamaServers(llama_server_binary, tmp_path)
     try:
         yield servers.start
