@@ -2,7 +2,9 @@
 
 ``profile`` holds the types and everything derived from one profile (argv, environment,
 fingerprint, the arguments a running server must report); ``loader`` reads and validates the
-file; ``values`` checks single TOML values; ``llamacpp`` is llama.cpp's half of a profile.
+file; ``fields`` checks the value of each profile key; ``values`` checks single TOML values;
+``sglang_env`` names the variables SGLang overwrites; ``llamacpp`` is llama.cpp's half of a
+profile.
 """
 
 from __future__ import annotations

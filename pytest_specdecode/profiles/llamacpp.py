@@ -13,7 +13,8 @@ A profile file describes a llama.cpp server with the keys every profile has (``m
 ``algorithm`` is a ``--spec-type``; the tests' automatic marker follows :data:`SPEC_TYPES`.
 The launcher always passes ``--metrics`` (the backend reads the accept length from the
 Prometheus counters), ``--host`` and ``--port``. The checks of a llama.cpp ``speculative`` table
-and ``extra_args`` are here; the rest of the loading is :mod:`pytest_specdecode.profiles.loader`'s,
+and ``extra_args`` are here; the rest of the loading is :mod:`pytest_specdecode.profiles.loader`'s
+(and, for SGLang's names written in a llama.cpp table, :mod:`pytest_specdecode.profiles.fields`'),
 and the server side (HTTP, counters) is :mod:`pytest_specdecode.backends`'.
 """
 

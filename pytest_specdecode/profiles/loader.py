@@ -1,6 +1,10 @@
 """Reading and validating a profile file: every key checked, every error naming the file, the
-table, the key, the bad value and what is allowed. The types it builds, and what is derived from
-a profile, live in :mod:`pytest_specdecode.profiles.profile`.
+table, the key, the bad value and what is allowed. This module holds the file's shape (which
+tables and keys exist, which keys belong to which launcher) and the rules across keys and
+tables; the check of each key's value is :mod:`pytest_specdecode.profiles.fields`', the
+warnings about variables SGLang overwrites :mod:`pytest_specdecode.profiles.sglang_env`'. The
+types it builds, and what is derived from a profile, live in
+:mod:`pytest_specdecode.profiles.profile`.
 """
 
 from __future__ import annotations
@@ -9,8 +13,7 @@ import importlib
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -18,16 +21,19 @@ from urllib.parse import urlsplit
 
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.fleet import HostSpec
+from pytest_specdecode.profiles.fields import (
+    ENV_NAME_PATTERN,
+    NAME_PATTERN,
+    VALIDATORS,
+    gpu_indices,
+    llamacpp_speculative,
+    sglang_speculative,
+)
 from pytest_specdecode.profiles.llamacpp import (
     LAUNCHER as LLAMACPP,
 )
 from pytest_specdecode.profiles.llamacpp import (
-    SPEC_TYPES as LLAMACPP_SPEC_TYPES,
-)
-from pytest_specdecode.profiles.llamacpp import (
     LlamaCppOptions,
-    LlamaCppSpeculative,
-    check_speculative,
 )
 from pytest_specdecode.profiles.llamacpp import (
     check_extra_args as check_llamacpp_extra_args,
@@ -38,7 +44,6 @@ from pytest_specdecode.profiles.profile import (
     DEFAULT_SHM_SIZE,
     DEFAULT_STARTUP_TIMEOUT,
     DEFAULT_WARMUP_REQUESTS,
-    ECHOED_FLAGS,
     SGLANG_MODULE,
     SIM_MODULE,
     SIMULATED_LAUNCHERS,
@@ -47,15 +52,12 @@ from pytest_specdecode.profiles.profile import (
     FrozenMap,
     ProfileFile,
     ServerProfile,
-    Speculative,
-    check_secret_flags,
     flag_groups,
 )
+from pytest_specdecode.profiles.sglang_env import sglang_env_warnings
 from pytest_specdecode.profiles.values import check_keys as _check_keys
-from pytest_specdecode.profiles.values import choice as _choice
 from pytest_specdecode.profiles.values import did_you_mean as _did_you_mean
 from pytest_specdecode.profiles.values import fail as _fail
-from pytest_specdecode.profiles.values import integer as _integer
 from pytest_specdecode.profiles.values import string as _string
 from pytest_specdecode.profiles.values import strings as _strings
 
@@ -63,99 +65,8 @@ from pytest_specdecode.profiles.values import strings as _strings
 # type checker (configured for 3.10) does not need tomli installed.
 _toml: Any = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
 
-# -- the file's schema (only the loader reads it) ---------------------------------------------
+# -- the file's tables and keys (only the loader reads them) ----------------------------------
 
-LAUNCHERS: tuple[str, ...] = ("sglang", "docker", "sim", "llamacpp")
-"""How a server is started; a new launcher is added here and in ServerProfile.launch_argv.
-``llamacpp`` runs llama.cpp's ``llama-server`` (:mod:`pytest_specdecode.profiles.llamacpp`)."""
-SPEC_ALGORITHMS: tuple[str, ...] = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-DRAFT_FREE_ALGORITHMS = frozenset({"NEXTN", "NGRAM"})
-"""MTP heads (NEXTN) live in the target model; NGRAM drafts from the prompt."""
-DOCKER_NETWORKS: tuple[str, ...] = ("host", "bridge")
-SGLANG_OVERWRITTEN_ENV: Mapping[str, str] = MappingProxyType(
-    {
-        "CUDA_DEVICE_MAX_CONNECTIONS": "SGLang 0.5.6-0.5.23 always set it to 8 at startup; there "
-        "is no flag for it",
-        "CUDA_MODULE_LOADING": "SGLang 0.5.6-0.5.18 always set it to AUTO at startup (0.5.19 "
-        "and later leave it alone)",
-    }
-)
-"""Variables SGLang overwrites at startup whatever the environment says (``_set_envs_and_config``
-in ``srt/entrypoints/engine.py``, read in 0.5.6-0.5.23). ``NCCL_CUMEM_ENABLE`` and
-``NCCL_NVLS_ENABLE`` are not among them: SGLang sets them to "0" only when they are unset, so a
-profile's value is kept (unless a flag forces "1", see :data:`SGLANG_FLAG_FORCED_ENV`), and
-``TORCH_NCCL_AVOID_RECORD_STREAMS`` is never set by any of these releases."""
-
-SGLANG_FLAG_FORCED_ENV: Mapping[str, tuple[tuple[str, str], ...]] = MappingProxyType(
-    {
-        "--enable-symm-mem": (("NCCL_CUMEM_ENABLE", "1"), ("NCCL_NVLS_ENABLE", "1")),
-        "--enable-nccl-nvls": (("NCCL_NVLS_ENABLE", "1"),),
-    }
-)
-"""Flags with which SGLang overwrites a variable even when it is set."""
-
-SGLANG_DETERMINISTIC_NCCL = ("NCCL_ALGO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
-"""With ``--enable-deterministic-inference`` and tp_size > 1 SGLang overwrites ``NCCL_ALGO``
-with ``allreduce:tree`` (0.5.6-0.5.23) and both channel counts with 8 (0.5.18 and later,
-``SGLANG_DETERMINISTIC_NCCL_NCHANNELS``): two of the seed's six tuned variables."""
-
-
-def sglang_env_warnings(profile: ServerProfile) -> list[str]:
-    """What a profile's environment sets that SGLang will not run with, one line each."""
-    warnings = []
-    where = profile.source
-    for var, value in profile.env.items():
-        if var in SGLANG_OVERWRITTEN_ENV:
-            warnings.append(
-                f"{where}: {var} = {value!r} has no effect: {SGLANG_OVERWRITTEN_ENV[var]}"
-            )
-    flags = {flag for flag, _ in flag_groups(profile.extra_args)}
-    for flag, forced in SGLANG_FLAG_FORCED_ENV.items():
-        for var, value in forced:
-            if flag in flags and var in profile.env and profile.env[var] != value:
-                warnings.append(
-                    f"{where}: {var} = {profile.env[var]!r} has no effect: with {flag} SGLang "
-                    f"sets {var}={value}"
-                )
-    if "--enable-deterministic-inference" in flags and profile.tp_size > 1:
-        lost = [var for var in SGLANG_DETERMINISTIC_NCCL if var in profile.env]
-        if lost:
-            warnings.append(
-                f"{where}: with --enable-deterministic-inference and tp_size {profile.tp_size} "
-                f"SGLang overwrites {', '.join(lost)} (NCCL_ALGO=allreduce:tree in every "
-                "release; NCCL_MIN_NCHANNELS and NCCL_MAX_NCHANNELS=8 from 0.5.18 on), so the "
-                "profile's values do not apply"
-            )
-    if profile.port is not None and profile.port > 55535:
-        warnings.append(
-            f"{where}: port = {profile.port}: SGLang 0.5.11-0.5.15 derive a gRPC port "
-            f"port + 10000 and refuse to start above 55535; choose a lower port"
-        )
-    return warnings
-
-
-FIRST_CLASS_FLAGS: Mapping[str, str] = MappingProxyType(
-    {
-        "--model-path": "model_path",
-        "--model": "model_path",
-        "--tp-size": "tp_size",
-        "--tp": "tp_size",
-        "--tensor-parallel-size": "tp_size",
-        "--host": "host",
-        "--port": "port",
-        "--mem-fraction-static": "mem_fraction_static",
-        "--speculative-algorithm": "speculative.algorithm",
-        "--speculative-draft-model-path": "speculative.draft_model_path",
-        "--speculative-draft-model": "speculative.draft_model_path",
-        "--speculative-num-steps": "speculative.num_steps",
-        "--speculative-eagle-topk": "speculative.eagle_topk",
-        "--speculative-num-draft-tokens": "speculative.num_draft_tokens",
-        "--api-key": "api_key_env",
-    }
-)
-"""SGLang flags that a profile key sets; the same flag in ``extra_args`` is an error. Other
-``--speculative-*`` flags (accept thresholds, token map, attention mode) have no key and are
-allowed in ``extra_args``."""
 PROFILE_KEYS: tuple[str, ...] = (
     "description", "launcher", "model_path", "tp_size", "speculative", "mem_fraction_static",
     "extra_args", "env", "python", "server_module", "image", "shm_size", "volumes", "network",
@@ -170,9 +81,6 @@ SGLANG_ONLY_KEYS: tuple[str, ...] = (
 """Keys that mean nothing to the other kind of server: refused in a profile's own table,
 ignored when inherited from ``[defaults]`` (which a file's SGLang and llama.cpp profiles
 share)."""
-SPECULATIVE_KEYS: tuple[str, ...] = (
-    "algorithm", "draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens",
-)  # fmt: skip
 TOP_LEVEL_KEYS: tuple[str, ...] = (
     "defaults", "env", "profiles", "targets", "workloads", "hosts",
 )  # fmt: skip
@@ -181,12 +89,9 @@ HOST_KEYS: tuple[str, ...] = (
     "tls_verify",
 )  # fmt: skip
 """Keys of a ``[hosts.NAME]`` table (:class:`~pytest_specdecode.fleet.HostSpec`)."""
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # also a valid docker container name part
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_ENV = re.compile(
     r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS|API_KEY|ACCESS_KEY|SECRET_KEY)$", re.I
 )
-_SHM_SIZE = re.compile(r"^\d+(b|[kmg]b?)?$", re.I)
 
 # -- loading ----------------------------------------------------------------------------------
 
@@ -276,7 +181,7 @@ class _Loader:
         tables = self._tables("profiles", "profile")
         chosen: dict[str, ServerProfile] = {}
         for name, table in tables.items():
-            if not _NAME.match(name):
+            if not NAME_PATTERN.match(name):
                 raise ConfigError(
                     f"profile name {name!r} is not allowed: use letters, digits, '-', '_' "
                     "and '.', starting with a letter or digit (it names log files and "
@@ -318,7 +223,7 @@ class _Loader:
         """``[hosts.NAME]``: one Docker endpoint (written, from a variable, or a context) and
         its GPUs. An endpoint with credentials in it belongs in the environment."""
         where = self.where(f"hosts.{name}")
-        if not _NAME.match(name):
+        if not NAME_PATTERN.match(name):
             _fail(self.where("hosts"), name, name, "host names are letters, digits, '-', '_', '.'")
         _check_keys(table, HOST_KEYS, where, what="key")
         given = [key for key in ("docker_host", "docker_host_env", "context") if key in table]
@@ -342,7 +247,7 @@ class _Loader:
                 _fail(where, "docker_host", text, "must be a unix://, tcp:// or ssh:// address")
         env_name = table.get("docker_host_env")
         if env_name is not None and (
-            not isinstance(env_name, str) or not _ENV_NAME.match(env_name)
+            not isinstance(env_name, str) or not ENV_NAME_PATTERN.match(env_name)
         ):
             _fail(where, "docker_host_env", env_name, "must be the NAME of an environment variable")
         if "gpus" not in table:
@@ -361,7 +266,7 @@ class _Loader:
             docker_host=docker_host,
             docker_host_env=env_name,
             context=_string(context, "context", where) if context is not None else None,
-            gpus=_gpus(table["gpus"], "gpus", where),
+            gpus=gpu_indices(table["gpus"], "gpus", where),
             hardware=hardware,
             tls_cert_path=cert_path,
             tls_verify=verify,
@@ -411,7 +316,7 @@ class _Loader:
     def _env_set(self, name: str, table: Mapping[str, Any]) -> FrozenMap:
         where = self.where(f"env.{name}")
         for var, value in table.items():
-            if not _ENV_NAME.match(var):
+            if not ENV_NAME_PATTERN.match(var):
                 raise ConfigError(
                     f"{var!r} is not an environment variable name (letters, digits and "
                     "underscores, not starting with a digit)",
@@ -459,7 +364,7 @@ class _Loader:
             if key == "env":
                 out[key] = self._env_names(value, where)
             else:
-                out[key] = _VALIDATORS[key](value, key, where)
+                out[key] = VALIDATORS[key](value, key, where)
         return out
 
     def _env_names(self, value: object, where: str) -> tuple[str, ...]:
@@ -572,13 +477,14 @@ class _Loader:
                 f"{', '.join(self.hosts) or 'none'} (add [hosts.NAME] tables)",
             )
         env_sets: tuple[str, ...] = merged.get("env", ())
+        spec = merged.get("speculative")
         profile = ServerProfile(
             name=name,
             description=merged.get("description", ""),
             launcher=launcher,
             model_path=merged["model_path"],
             tp_size=tp_size,
-            speculative=_speculative(merged["speculative"]) if "speculative" in merged else None,
+            speculative=sglang_speculative(spec) if spec is not None else None,
             mem_fraction_static=merged.get("mem_fraction_static"),
             extra_args=extra_args,
             env_sets=env_sets,
@@ -630,7 +536,7 @@ class _Loader:
         env_sets: tuple[str, ...] = merged.get("env", ())
         options = LlamaCppOptions(
             binary=merged.get("binary"),
-            speculative=_llamacpp_speculative(spec) if spec is not None else None,
+            speculative=llamacpp_speculative(spec) if spec is not None else None,
             threads=merged.get("threads"),
             ctx_size=merged.get("ctx_size"),
             parallel=merged.get("parallel"),
@@ -667,314 +573,3 @@ class _Loader:
                     )
                 merged[var], origin[var] = value, set_name
         return FrozenMap(merged)
-
-
-# -- validators of single keys ----------------------------------------------------------------
-
-
-def _module_name(value: object, key: str, where: str) -> str:
-    text = _string(value, key, where)
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", text):
-        _fail(where, key, value, "must be a dotted Python module name, run as `python -m MODULE`")
-    return text
-
-
-def _launcher(value: object, key: str, where: str) -> str:
-    return _choice(value, key, where, LAUNCHERS)
-
-
-def _network(value: object, key: str, where: str) -> str:
-    return _choice(value, key, where, DOCKER_NETWORKS)
-
-
-def _tp_size(value: object, key: str, where: str) -> int:
-    return _integer(value, key, where, low=1)
-
-
-def _port(value: object, key: str, where: str) -> int:
-    return _integer(value, key, where, low=1, high=65535)
-
-
-def _warmup_requests(value: object, key: str, where: str) -> int:
-    return _integer(value, key, where, low=0)
-
-
-def _description(value: object, key: str, where: str) -> str:
-    if not isinstance(value, str):
-        _fail(where, key, value, "must be a string")
-    return value
-
-
-def _mem_fraction(value: object, key: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        _fail(where, key, value, "must be a number between 0 and 1 (exclusive), e.g. 0.88")
-    return float(value)
-
-
-def _startup_timeout(value: object, key: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        _fail(where, key, value, "must be a positive number of seconds, e.g. 1800")
-    return float(value)
-
-
-def _shm_size(value: object, key: str, where: str) -> str:
-    if not isinstance(value, str) or not _SHM_SIZE.match(value):
-        _fail(where, key, value, 'must be a size such as "32g", "16384m" (docker --shm-size)')
-    return value
-
-
-def _api_key_env(value: object, key: str, where: str) -> str:
-    if not isinstance(value, str) or not _ENV_NAME.match(value):
-        _fail(where, key, value, "must be the NAME of an environment variable holding the key")
-    return value
-
-
-def _gpus(value: object, key: str, where: str) -> tuple[int, ...]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return tuple(range(_integer(value, key, where, low=0)))
-    if not isinstance(value, list):
-        _fail(where, key, value, "must be an array of GPU indices (e.g. [0, 1]) or a count")
-    for index, gpu in enumerate(value):
-        _integer(gpu, f"{key}[{index}]", where, low=0)
-    if len(set(value)) != len(value):
-        _fail(where, key, value, "must not list a GPU twice")
-    return tuple(value)
-
-
-def _volumes(value: object, key: str, where: str) -> FrozenMap:
-    if not isinstance(value, Mapping):
-        _fail(
-            where,
-            key,
-            value,
-            'must be a table of host path = container path, e.g. { "/data" = "/data" }',
-        )
-    out = {}
-    for host, container in value.items():
-        expanded = os.path.expanduser(host)
-        if not (os.path.isabs(expanded) or _NAME.match(host)):
-            _fail(
-                where,
-                f"{key}.{host!r}",
-                container,
-                "the host side must be an absolute path, "
-                "a path starting with ~, or a docker volume name",
-            )
-        if not isinstance(container, str) or not container.startswith("/"):
-            _fail(
-                where, f"{key}.{host!r}", container, "the container side must be an absolute path"
-            )
-        out[expanded] = container
-    return FrozenMap(out)
-
-
-def _extra_args(value: object, key: str, where: str) -> tuple[str, ...]:
-    args = _strings(value, key, where)
-    groups = flag_groups(args)
-    for flag, values in groups:
-        if not flag:
-            _fail(where, key, list(args), f"must start with a flag; {values[0]!r} has none")
-        field_name = _first_class_field(flag)
-        if field_name is not None:
-            instead = (
-                'api_key_env = "NAME_OF_AN_ENVIRONMENT_VARIABLE"'
-                if field_name == "api_key_env"
-                else f"the key {field_name}"
-            )
-            raise ConfigError(
-                f"{key} contains {flag!r}, which sets what {field_name} sets; use {instead} "
-                "instead (one setting, one place: the fingerprint and the attach check read it "
-                "there)",
-                source=where,
-            )
-        kind = ECHOED_FLAGS.get(flag)
-        if kind is None:
-            continue
-        if kind is bool and values:
-            _fail(where, key, list(args), f"{flag} takes no value, but is followed by {values}")
-        if kind is not bool:
-            try:
-                if len(values) != 1:
-                    raise ValueError
-                kind(values[0])
-            except ValueError:
-                _fail(
-                    where,
-                    key,
-                    list(args),
-                    f"{flag} needs one {kind.__name__} value, got {list(values)}",
-                )
-    # After the loop: --api-key has its own message (api_key_env), other credentials this one.
-    check_secret_flags(groups, key, where)
-    return args
-
-
-def _first_class_field(flag: str) -> str | None:
-    """The profile key a flag sets, also for an argparse abbreviation (``--mem-frac``)."""
-    if flag in FIRST_CLASS_FLAGS:
-        return FIRST_CLASS_FLAGS[flag]
-    if len(flag) < 4:  # "--x" is too short to be an unambiguous abbreviation of anything
-        return None
-    fields = sorted({name for full, name in FIRST_CLASS_FLAGS.items() if full.startswith(flag)})
-    if not fields:
-        return None
-    return ", ".join(fields)
-
-
-@dataclass(frozen=True)
-class _SpeculativeTable:
-    """A ``speculative`` table, checked once the profile's launcher is known (SGLang and
-    llama.cpp have different keys); ``where`` is the table it was written in."""
-
-    table: Mapping[str, Any]
-    where: str
-
-
-def _speculative_table(value: object, key: str, where: str) -> _SpeculativeTable:
-    if not isinstance(value, Mapping):
-        _fail(where, key, value, 'must be a table, e.g. { algorithm = "EAGLE3", ... }')
-    return _SpeculativeTable(dict(value), where)
-
-
-def _speculative(raw: _SpeculativeTable) -> Speculative:
-    """SGLang's speculative settings."""
-    value, where, key = raw.table, raw.where, "speculative"
-    _check_keys(value, SPECULATIVE_KEYS, where, what="key of speculative")
-    if "algorithm" in value and str(value["algorithm"]).lower() in LLAMACPP_SPEC_TYPES:
-        _fail(
-            where,
-            f"{key}.algorithm",
-            value["algorithm"],
-            f'that is a llama.cpp --spec-type; set launcher = "{LLAMACPP}" for a '
-            f"llama-server profile, or use one of SGLang's: {', '.join(SPEC_ALGORITHMS)}",
-        )
-    if "algorithm" not in value:
-        _fail(where, key, dict(value), f"needs algorithm = one of {', '.join(SPEC_ALGORITHMS)}")
-    raw_algorithm = value["algorithm"]
-    if not isinstance(raw_algorithm, str) or raw_algorithm.upper() not in SPEC_ALGORITHMS:
-        _fail(
-            where,
-            f"{key}.algorithm",
-            raw_algorithm,
-            f"must be one of {', '.join(SPEC_ALGORITHMS)} (any case)",
-        )
-    algorithm = raw_algorithm.upper()
-    draft = value.get("draft_model_path")
-    if draft is not None:
-        draft = _string(draft, f"{key}.draft_model_path", where)
-    numbers = {
-        name: _integer(value[name], f"{key}.{name}", where, low=1)
-        for name in ("num_steps", "eagle_topk", "num_draft_tokens")
-        if name in value
-    }
-    if algorithm == "NGRAM":
-        _check_ngram_numbers(numbers, key, where)
-    elif numbers and len(numbers) != 3:
-        missing = [n for n in ("num_steps", "eagle_topk", "num_draft_tokens") if n not in numbers]
-        raise ConfigError(
-            f"{key} sets {', '.join(numbers)} but not {', '.join(missing)}: SGLang wants all "
-            "three of num_steps, eagle_topk and num_draft_tokens, or none (then it chooses)",
-            source=where,
-        )
-    if (
-        algorithm != "NGRAM"
-        and numbers.get("eagle_topk") == 1
-        and numbers["num_draft_tokens"] != numbers["num_steps"] + 1
-    ):
-        steps = numbers["num_steps"]
-        raise ConfigError(
-            f"{key}.num_draft_tokens = {numbers['num_draft_tokens']} is not allowed with "
-            f"eagle_topk = 1 and num_steps = {steps}: SGLang forces num_draft_tokens to "
-            f"num_steps + 1 when eagle_topk is 1, so set num_draft_tokens = {steps + 1}",
-            source=where,
-        )
-    if draft is None and algorithm not in DRAFT_FREE_ALGORITHMS:
-        raise ConfigError(
-            f"{key}.algorithm = {algorithm!r} needs draft_model_path (only "
-            f"{' and '.join(sorted(DRAFT_FREE_ALGORITHMS))} run without a draft model)",
-            source=where,
-        )
-    return Speculative(
-        algorithm=algorithm,
-        draft_model_path=draft,
-        num_steps=numbers.get("num_steps"),
-        eagle_topk=numbers.get("eagle_topk"),
-        num_draft_tokens=numbers.get("num_draft_tokens"),
-    )
-
-
-def _check_ngram_numbers(numbers: Mapping[str, int], key: str, where: str) -> None:
-    """NGRAM's one knob is ``num_draft_tokens``: every SGLang release from 0.5.6 to 0.5.23 sets
-    its topk from ``--speculative-ngram-max-bfs-breadth`` (overriding any
-    ``--speculative-eagle-topk``), derives its steps as draft tokens // topk, and applies no
-    topk-1 rule (``_handle_ngram`` in ``srt/server_args.py``, later
-    ``srt/arg_groups/speculative_hook.py``)."""
-    others = [name for name in ("num_steps", "eagle_topk") if name in numbers]
-    if others:
-        raise ConfigError(
-            f"{key} sets {' and '.join(others)} for NGRAM, which SGLang does not use as given: "
-            "it takes the topk from --speculative-ngram-max-bfs-breadth (default 10; put it "
-            "in extra_args) and the steps from num_draft_tokens // topk. Set only "
-            "num_draft_tokens (SGLang's default for NGRAM is 12)",
-            source=where,
-        )
-
-
-def _llamacpp_speculative(raw: _SpeculativeTable) -> LlamaCppSpeculative:
-    """llama.cpp's speculative settings (:func:`check_speculative`), after the
-    mistakes of someone who knows SGLang's: its step keys and its algorithm names."""
-    sglang_keys = [name for name in SPECULATIVE_KEYS[2:] if name in raw.table]
-    if sglang_keys:
-        raise ConfigError(
-            f"speculative sets {', '.join(sglang_keys)}, which are SGLang settings; "
-            "llama-server drafts up to draft_n_max tokens per step (--spec-draft-n-max) and at "
-            "least draft_n_min (--spec-draft-n-min)",
-            source=raw.where,
-        )
-    algorithm = raw.table.get("algorithm")
-    if isinstance(algorithm, str) and algorithm.upper() in SPEC_ALGORITHMS:
-        _fail(
-            raw.where,
-            "speculative.algorithm",
-            algorithm,
-            f"SGLang's names do not apply to launcher {LLAMACPP!r}: EAGLE3 is "
-            "'draft-eagle3', STANDALONE is 'draft-simple', NGRAM is one of the ngram-* types; "
-            f"choose one of {', '.join(LLAMACPP_SPEC_TYPES)}",
-        )
-    return check_speculative(raw.table, raw.where)
-
-
-def _positive(value: object, key: str, where: str) -> int:
-    return _integer(value, key, where, low=1)
-
-
-_VALIDATORS: Mapping[str, Callable[[object, str, str], object]] = MappingProxyType(
-    {
-        "description": _description,
-        "launcher": _launcher,
-        "model_path": _string,
-        "tp_size": _tp_size,
-        "speculative": _speculative_table,
-        "mem_fraction_static": _mem_fraction,
-        "extra_args": _extra_args,
-        "python": _string,
-        "server_module": _module_name,
-        "image": _string,
-        "shm_size": _shm_size,
-        "volumes": _volumes,
-        "network": _network,
-        "gpus": _gpus,
-        "host": _string,
-        "port": _port,
-        "startup_timeout": _startup_timeout,
-        "warmup_requests": _warmup_requests,
-        "api_key_env": _api_key_env,
-        "binary": _string,
-        "threads": _positive,
-        "ctx_size": _positive,
-        "parallel": _positive,
-        "hosts": lambda value, key, where: _strings(value, key, where, allow_single=True),
-    }
-)
-"""One checker per key except ``env`` (which needs the file's env sets): value, key, where →
-the normalised value, or a :class:`ConfigError`."""

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.profiles.loader import SPEC_ALGORITHMS, load_profiles
+from pytest_specdecode.profiles.fields import SPEC_ALGORITHMS
+from pytest_specdecode.profiles.loader import load_profiles
 from pytest_specdecode.profiles.profile import (
     ALGORITHM_MARKERS,
     ArgMismatch,
