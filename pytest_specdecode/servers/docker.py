@@ -23,56 +23,60 @@ The container's output is copied into ``log_path`` by a daemon thread while it r
 readiness watcher reads the load phase live; the file starts with a line naming the container,
 its image and id. The launcher never pulls an image: a missing image is a
 :class:`~pytest_specdecode.errors.ServerStartError` that says how to get it.
+
+This module is the lifecycle of one container, :class:`DockerLauncher`, from :meth:`start` to
+:meth:`stop`. What needs no launcher lives next to it: reaching the engine, TLS included, in
+:mod:`~pytest_specdecode.servers.docker_engine`; the labels, name, GPUs and failure messages of
+a container in :mod:`~pytest_specdecode.servers.docker_container`; and a later session's checks
+and stops of the containers an earlier one recorded in
+:mod:`~pytest_specdecode.servers.docker_recorded`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
-import re
-import socket
-import ssl
 import threading
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import docker
 import docker.errors
-import docker.tls
-import docker.types
-import requests.exceptions
 from docker.models.containers import Container
 
 from pytest_specdecode.errors import EngineUnreachableError, ServerStartError
-from pytest_specdecode.fleet import TLS_FILES, EngineTLS
-from pytest_specdecode.redaction import is_secret_name
+from pytest_specdecode.fleet import EngineTLS
+from pytest_specdecode.servers.docker_container import (
+    LABEL_MANAGED,
+    LABEL_PORT,
+    container_name,
+    describe_gpus,
+    device_requests,
+    image_name,
+    missing_image_message,
+    redact_env,
+    start_failure_message,
+)
+from pytest_specdecode.servers.docker_engine import (
+    ENGINE_DOWN,
+    LOOPBACK,
+    connect,
+    describe_engine,
+    docker_host_of,
+    engine_hostname,
+    unreachable_message,
+)
 from pytest_specdecode.servers.launcher import ServerIdentity, redact_argv, wait_port_free
 from pytest_specdecode.servers.ports import pids_hold_port
-
-log = logging.getLogger(__name__)
-
-LABEL_MANAGED = "pytest-specdecode.managed"
-LABEL_FINGERPRINT = "pytest-specdecode.fingerprint"
-LABEL_PROFILE = "pytest-specdecode.profile"
-LABEL_PORT = "pytest-specdecode.port"
 
 # exit_code() when the container disappeared (removed behind our back, engine restarted) or the
 # engine stopped answering: there is no real exit code to report.
 VANISHED_EXIT_CODE = -1
 
-# The test image scripts/provision-docker.sh builds; named in the missing-image error.
-SIM_IMAGE = "pytest-specdecode-sim:local"
-
-_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", "::", ""})
 # Consecutive failed engine calls exit_code() tolerates before it reports the server gone.
 _ENGINE_FAILURES_TOLERATED = 3
-# Errors that mean "the engine did not answer" rather than "the engine said no".
-_ENGINE_DOWN = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 
 
 class DockerLauncher:
@@ -127,7 +131,7 @@ class DockerLauncher:
         self._own_client = client is None
         # A host of the fleet names its engine; otherwise DOCKER_HOST (or the client's).
         self._fixed_engine = docker_host
-        self._docker_host = docker_host or _docker_host_of(client)
+        self._docker_host = docker_host or docker_host_of(client)
         self._tls = tls
         self._container: Container | None = None
         self._container_id: str | None = None
@@ -145,7 +149,7 @@ class DockerLauncher:
     @property
     def connect_host(self) -> str:
         """The host name the server is reached at (see the module doc)."""
-        if self.host not in _LOOPBACK:
+        if self.host not in LOOPBACK:
             return self.host
         return engine_hostname(self._docker_host) or "127.0.0.1"
 
@@ -168,7 +172,7 @@ class DockerLauncher:
             image = client.images.get(self.image)
         except docker.errors.ImageNotFound:
             raise ServerStartError(missing_image_message(self.image, self._docker_host)) from None
-        except _ENGINE_DOWN as exc:
+        except ENGINE_DOWN as exc:
             raise EngineUnreachableError(
                 unreachable_message(self._docker_host, exc, self._tls)
             ) from None
@@ -183,7 +187,7 @@ class DockerLauncher:
         except docker.errors.APIError as exc:
             reason = exc.explanation or str(exc)
             self._note(f"the engine could not start the container: {reason}")
-            with contextlib.suppress(*_ENGINE_DOWN):
+            with contextlib.suppress(*ENGINE_DOWN):
                 container.remove(force=True)
             self._stopped = True
             self._final_code = VANISHED_EXIT_CODE
@@ -211,7 +215,7 @@ class DockerLauncher:
                 f"container {self.name} ({self._short_id}) vanished: removed by someone else?"
             )
             return self._finish(VANISHED_EXIT_CODE)
-        except _ENGINE_DOWN as exc:
+        except ENGINE_DOWN as exc:
             self._engine_failures += 1
             if self._engine_failures < _ENGINE_FAILURES_TOLERATED:
                 return None
@@ -244,14 +248,14 @@ class DockerLauncher:
                 self._final_code = int(container.attrs.get("State", {}).get("ExitCode", -1))
         except docker.errors.NotFound:
             pass
-        except _ENGINE_DOWN as exc:
+        except ENGINE_DOWN as exc:
             self._note(f"stopping {self.name} failed: {exc}")
         try:
             container.remove(force=True)
             removed = True
         except docker.errors.NotFound:
             removed = True
-        except _ENGINE_DOWN as exc:
+        except ENGINE_DOWN as exc:
             self._note(f"removing {self.name} failed: {exc}")
         # The engine did not answer: the container may be back with it (exited, not removed).
         self.left_behind = not removed
@@ -276,7 +280,7 @@ class DockerLauncher:
             return None
         try:
             top = self._container.top()
-        except _ENGINE_DOWN:
+        except ENGINE_DOWN:
             return None
         titles = [str(t).upper() for t in top.get("Titles") or []]
         if "PID" not in titles:
@@ -286,8 +290,9 @@ class DockerLauncher:
         return pids_hold_port(pids, self.port)
 
     def identity(self) -> ServerIdentity:
-        """What the pool's state file records, for :func:`docker_server_alive` and
-        :func:`stop_docker_server` in a later session."""
+        """What the pool's state file records, for a later session's
+        :func:`~pytest_specdecode.servers.docker_recorded.docker_server_alive` and
+        :func:`~pytest_specdecode.servers.docker_recorded.stop_docker_server`."""
         return {
             "kind": self.kind,
             "container_id": self._container_id,
@@ -348,7 +353,7 @@ class DockerLauncher:
                     f"the Docker engine refused to create container {self.name} from "
                     f"{self.image}: {reason}"
                 ) from None
-            except _ENGINE_DOWN as exc:
+            except ENGINE_DOWN as exc:
                 raise EngineUnreachableError(
                     unreachable_message(self._docker_host, exc, self._tls)
                 ) from None
@@ -365,7 +370,7 @@ class DockerLauncher:
             return True
         raise ServerStartError(
             f"a container named {self.name} already exists ({old.status}, image "
-            f"{_image_name(old)}) on the Docker engine at {describe_engine(self._docker_host)}; "
+            f"{image_name(old)}) on the Docker engine at {describe_engine(self._docker_host)}; "
             f"remove it (`docker rm -f {self.name}`) or give this profile another name"
         )
 
@@ -423,7 +428,7 @@ class DockerLauncher:
 
     def _get_client(self) -> docker.DockerClient:
         if self._client is None:
-            self._docker_host = self._fixed_engine or _docker_host_of(None)  # DOCKER_HOST now
+            self._docker_host = self._fixed_engine or docker_host_of(None)  # DOCKER_HOST now
             self._client = connect(self._docker_host, self._tls)
         return self._client
 
@@ -434,316 +439,4 @@ class DockerLauncher:
             self._client = None
 
 
-# -- servers recorded by an earlier session -------------------------------------------------------
-
-
-def docker_server_alive(identity: ServerIdentity) -> bool:
-    """Whether the recorded container still exists, is running and is one of ours.
-
-    ``False`` also when its engine no longer answers: the server cannot be used then either.
-    """
-    container_id = identity.get("container_id")
-    if not isinstance(container_id, str) or not container_id:
-        return False
-    try:
-        client = connect(*_recorded_engine(identity))
-    except ServerStartError:
-        return False
-    try:
-        container = client.containers.get(container_id)
-        return container.status == "running" and container.labels.get(LABEL_MANAGED) == "1"
-    except _ENGINE_DOWN:  # NotFound included
-        return False
-    finally:
-        client.close()
-
-
-def stop_docker_server(identity: ServerIdentity, grace: float = 30.0) -> bool:
-    """Stop and remove a container recorded by an earlier session; wait until its port is free.
-
-    Quiet when it is already gone. A container without our ``managed`` label is left alone. When
-    the engine does not answer, nothing can be done: a warning is logged and the call returns
-    ``False`` (the caller keeps the record, to try again once the engine is back); else ``True``.
-    """
-    container_id = identity.get("container_id")
-    if isinstance(container_id, str) and container_id:
-        try:
-            client = connect(*_recorded_engine(identity))
-        except ServerStartError as exc:
-            log.warning("cannot stop container %s: %s", container_id[:12], exc)
-            return False
-        try:
-            container = client.containers.get(container_id)
-            if container.labels.get(LABEL_MANAGED) != "1":
-                log.warning("container %s is not managed by pytest-specdecode", container_id[:12])
-                return True
-            container.stop(timeout=max(0, math.ceil(grace)))
-            container.remove(force=True)
-        except docker.errors.NotFound:
-            pass
-        except _ENGINE_DOWN as exc:
-            log.warning("stopping container %s failed: %s", container_id[:12], exc)
-            return False
-        finally:
-            client.close()
-    host, port = identity.get("host"), identity.get("port")
-    if isinstance(host, str) and isinstance(port, int):
-        wait_port_free(host, port, timeout=30.0)
-    return True
-
-
-# -- the engine ----------------------------------------------------------------------------------
-
-
-def connect(docker_host: str | None = None, tls: EngineTLS | None = None) -> docker.DockerClient:
-    """A client for the engine ``DOCKER_HOST`` names (or ``docker_host``), checked with a ping.
-
-    ``tls``: the engine's own client certificates (a host of the fleet), in place of pytest's
-    ``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``; ``None`` leaves those to apply."""
-    environment = dict(os.environ)
-    if docker_host is not None:
-        environment["DOCKER_HOST"] = docker_host
-    _probe_unix_socket(environment.get("DOCKER_HOST") or None)
-    try:
-        if tls is None:
-            client = docker.from_env(environment=environment)
-        else:
-            client = _OwnTLSClient(environment.get("DOCKER_HOST"), _tls_config(tls, docker_host))
-    except _ENGINE_DOWN as exc:
-        raise EngineUnreachableError(unreachable_message(docker_host, exc, tls)) from None
-    try:
-        client.ping()
-    except _ENGINE_DOWN as exc:
-        client.close()
-        raise EngineUnreachableError(unreachable_message(docker_host, exc, tls)) from None
-    return client
-
-
-class _OwnTLSAPIClient(docker.APIClient):
-    """An API client that keeps its TLS settings whatever the environment says: requests lets
-    ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` replace a session's ``verify`` on every
-    request (docker/docker-py#2433), so a box that points them at the system's CAs (CI images
-    do) would check the engine's certificate against those, not the host's ca.pem, and fail."""
-
-    def merge_environment_settings(
-        self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any
-    ) -> Any:
-        settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
-        if verify is None:  # the call named none: the client's (the CA file, or False)
-            settings["verify"] = self.verify
-        return settings
-
-
-class _OwnTLSClient(docker.DockerClient):
-    """``docker.DockerClient`` over :class:`_OwnTLSAPIClient` (proxies still from the
-    environment, as the CLI takes them)."""
-
-    def __init__(self, base_url: str | None, tls: docker.tls.TLSConfig) -> None:
-        self.api = _OwnTLSAPIClient(base_url=base_url, tls=tls)
-
-
-def _tls_config(tls: EngineTLS, docker_host: str | None) -> docker.tls.TLSConfig:
-    """The SDK's TLS settings for ``tls``; its files missing (a certificate directory removed
-    since the server was recorded) is an :class:`EngineUnreachableError` that names them."""
-    missing = tls.missing()
-    if missing:
-        raise EngineUnreachableError(
-            f"cannot reach the Docker engine at {describe_engine(docker_host)} over TLS: "
-            f"{', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not exist (the client "
-            f"certificate directory must hold {', '.join(TLS_FILES)}); restore them, or fix the "
-            "host's tls_cert_path"
-        )
-    return docker.tls.TLSConfig(client_cert=tls.client_cert, ca_cert=tls.ca_cert, verify=tls.verify)
-
-
-def _probe_unix_socket(docker_host: str | None) -> None:
-    """Fail early, and without leaking a socket, when a local engine's socket does not answer.
-
-    The SDK leaves the socket of a refused connection unclosed (a ResourceWarning), and its
-    client cannot be closed when its constructor fails; probing first avoids both.
-    """
-    if docker_host and not docker_host.startswith("unix://"):
-        return
-    path = docker_host[len("unix://") :] if docker_host else "/var/run/docker.sock"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(5.0)
-        try:
-            sock.connect(path)
-        except OSError as exc:
-            raise EngineUnreachableError(unreachable_message(docker_host, exc)) from None
-
-
-def describe_engine(docker_host: str | None) -> str:
-    host = docker_host or os.environ.get("DOCKER_HOST")
-    if host:
-        return f"DOCKER_HOST={host}"
-    return "the local socket unix:///var/run/docker.sock (DOCKER_HOST is not set)"
-
-
-def engine_hostname(docker_host: str | None) -> str | None:
-    """The machine a remote engine runs on (``tcp://gpu-box:2376`` → ``gpu-box``), or ``None``
-    for a local one (unix socket, npipe, loopback)."""
-    host = docker_host if docker_host is not None else os.environ.get("DOCKER_HOST")
-    if not host:
-        return None
-    parts = urlsplit(host if "://" in host else f"tcp://{host}")
-    if parts.scheme not in ("tcp", "http", "https", "ssh"):
-        return None
-    name = parts.hostname
-    if not name or name in _LOOPBACK:
-        return None
-    return name
-
-
-def container_bind_host(network: str = "host", docker_host: str | None = None) -> str:
-    """The ``--host`` a server in a container should bind.
-
-    ``127.0.0.1`` on host networking with a local engine (nothing leaves the machine);
-    ``0.0.0.0`` when the port is published from a bridge network, or when the engine is remote
-    (``DOCKER_HOST=tcp://gpu-box:...``), where 127.0.0.1 would be loopback on the GPU box and
-    out of the test machine's reach.
-    """
-    if network != "host" or engine_hostname(docker_host) is not None:
-        return "0.0.0.0"
-    return "127.0.0.1"
-
-
-def unreachable_message(
-    docker_host: str | None, exc: BaseException, tls: EngineTLS | None = None
-) -> str:
-    where = describe_engine(docker_host)
-    if tls is not None:
-        where += f" ({tls.describe()})"
-        if _tls_failed(exc):
-            return (
-                f"cannot reach the Docker engine at {where}: the TLS handshake failed: {exc}. "
-                f"The engine's certificate must be signed by {tls.ca_cert}, and the engine must "
-                f"trust the CA that signed {tls.client_cert[0]}: give the host the certificate "
-                "directory made for that engine (tls_cert_path, or its Docker context's TLS "
-                "material)"
-            )
-    elif "HTTP request to an HTTPS server" in str(exc):
-        return (
-            f"cannot reach the Docker engine at {where}: {exc}. The engine speaks TLS: give its "
-            "host tls_cert_path, the directory of its client certificates (ca.pem, cert.pem, "
-            "key.pem), or export DOCKER_CERT_PATH and DOCKER_TLS_VERIFY=1 for every host"
-        )
-    return (
-        f"cannot reach the Docker engine at {where}: {exc}. "
-        "Start the engine (on a CI machine without one: `bash scripts/provision-docker.sh` "
-        "installs and starts it), or point DOCKER_HOST at one that runs "
-        "(e.g. DOCKER_HOST=tcp://gpu-box:2376)"
-    )
-
-
-def _tls_failed(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what it was raised from) is a failed TLS handshake. A reset counts:
-    an engine that refuses the client certificate under TLS 1.3 does so after the client has
-    sent its request, which the peer may then reset rather than answer with an alert."""
-    seen: BaseException | None = exc
-    for _ in range(10):
-        if seen is None:
-            return False
-        if isinstance(seen, (ssl.SSLError, requests.exceptions.SSLError, ConnectionResetError)):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def missing_image_message(image: str, docker_host: str | None) -> str:
-    how = (
-        "build it with `bash scripts/provision-docker.sh`"
-        if image == SIM_IMAGE
-        else f"pull it (`docker pull {image}`) or build it"
-    )
-    return (
-        f"Docker image {image!r} is not present on the engine at {describe_engine(docker_host)}; "
-        f"{how}. The launcher never pulls images itself: a multi-GB pull must not eat the "
-        "server's startup timeout. (The simulated server's test image, "
-        f"{SIM_IMAGE}, is built by scripts/provision-docker.sh.)"
-    )
-
-
-def start_failure_message(
-    name: str, image: str, reason: str, gpus: Sequence[int] | int | None
-) -> str:
-    message = f"the Docker engine could not start container {name} ({image}): {reason}"
-    if device_requests(gpus) and ("device driver" in reason or "gpu" in reason.lower()):
-        message += (
-            f". The container asks for GPUs {describe_gpus(gpus)}: the engine needs the NVIDIA "
-            "Container Toolkit (nvidia-ctk runtime configure --runtime=docker, then restart "
-            "dockerd); or set the profile's gpus to none"
-        )
-    return message
-
-
-# -- pure helpers --------------------------------------------------------------------------------
-
-
-def device_requests(gpus: Sequence[int] | int | None) -> list[docker.types.DeviceRequest]:
-    """GPUs as docker device requests: a count (``-1`` = all) or explicit device ids."""
-    if gpus is None or isinstance(gpus, bool):
-        return []
-    if isinstance(gpus, int):
-        if gpus == 0:
-            return []
-        return [docker.types.DeviceRequest(count=gpus, capabilities=[["gpu"]])]
-    if not gpus:
-        return []
-    return [docker.types.DeviceRequest(device_ids=[str(g) for g in gpus], capabilities=[["gpu"]])]
-
-
-def describe_gpus(gpus: Sequence[int] | int | None) -> str:
-    if not device_requests(gpus):
-        return "none"
-    if isinstance(gpus, int):
-        return "all" if gpus < 0 else f"any {gpus}"
-    return ",".join(str(g) for g in gpus or ())
-
-
-def container_name(name: str | None, port: int) -> str:
-    """A valid container name (``[a-zA-Z0-9][a-zA-Z0-9_.-]*``) from the caller's ``name``."""
-    if not name:
-        return f"pytest-specdecode-{port}-{uuid.uuid4().hex[:8]}"
-    cleaned = re.sub(r"[^a-zA-Z0-9_.-]+", "-", name).strip("-.")
-    if not cleaned or not cleaned[0].isalnum():
-        cleaned = f"specdecode-{cleaned}".rstrip("-")
-    return cleaned[:128]
-
-
-def redact_env(name: str, value: str) -> str:
-    return "***" if is_secret_name(name) else value
-
-
-def _docker_host_of(client: docker.DockerClient | None) -> str | None:
-    """The engine address to record: the client's when it talks TCP, else ``DOCKER_HOST``."""
-    if client is not None:
-        base = str(client.api.base_url)
-        if base.startswith(("http://", "https://")):
-            return "tcp://" + base.split("://", 1)[1]
-    return os.environ.get("DOCKER_HOST") or None
-
-
-def _recorded_engine(identity: ServerIdentity) -> tuple[str | None, EngineTLS | None]:
-    """The engine a recorded server runs on and the TLS it was reached with (none recorded:
-    ``DOCKER_HOST`` and pytest's TLS variables, as when it was launched)."""
-    value = identity.get("docker_host")
-    return (value if isinstance(value, str) and value else None), EngineTLS.from_identity(identity)
-
-
-def _image_name(container: Container) -> str:
-    with contextlib.suppress(Exception):
-        return str(container.attrs["Config"]["Image"])
-    return "?"
-
-
-__all__ = [
-    "LABEL_FINGERPRINT",
-    "LABEL_MANAGED",
-    "LABEL_PROFILE",
-    "VANISHED_EXIT_CODE",
-    "DockerLauncher",
-    "container_bind_host",
-    "docker_server_alive",
-    "stop_docker_server",
-]
+__all__ = ["VANISHED_EXIT_CODE", "DockerLauncher"]

@@ -15,22 +15,22 @@ import pytest
 
 from pytest_specdecode.errors import EngineUnreachableError, ServerStartError
 from pytest_specdecode.fleet import EngineTLS
-from pytest_specdecode.servers.docker import (
+from pytest_specdecode.servers.docker import DockerLauncher
+from pytest_specdecode.servers.docker_container import (
     LABEL_FINGERPRINT,
     LABEL_MANAGED,
     LABEL_PROFILE,
-    DockerLauncher,
-    connect,
-    container_bind_host,
     container_name,
     device_requests,
-    docker_server_alive,
+)
+from pytest_specdecode.servers.docker_engine import (
+    connect,
+    container_bind_host,
     engine_hostname,
-    redact_argv,
-    stop_docker_server,
     unreachable_message,
 )
-from pytest_specdecode.servers.launcher import Launcher
+from pytest_specdecode.servers.docker_recorded import docker_server_alive, stop_docker_server
+from pytest_specdecode.servers.launcher import Launcher, redact_argv
 
 
 def make(tmp_path: Path, **overrides: object) -> DockerLauncher:
@@ -275,7 +275,7 @@ def test_a_failed_tls_handshake_says_which_certificates_to_check(tmp_path: Path)
 
 def test_the_module_does_not_import_pytest() -> None:
     code = (
-        "import sys, pytest_specdecode.servers.docker; "
+        "import sys, pytest_specdecode.servers.docker, pytest_specdecode.servers.docker_recorded; "
         "sys.exit('pytest' in sys.modules or '_pytest' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
