@@ -34,7 +34,8 @@ from pytest_specdecode.outputs.write import write_outputs
 from pytest_specdecode.profiles.profile import ALGORITHM_MARKERS
 from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.result import SpecdecodeResult, TestError
-from pytest_specdecode.servers.pool import ServerCounts, ServerHandle, finish_run
+from pytest_specdecode.servers.cleanup import finish_run
+from pytest_specdecode.servers.handle import ServerCounts, ServerHandle
 from pytest_specdecode.servers.readiness import Progress
 from pytest_specdecode.session import SpecdecodeSession, SpecdecodeTest
 from pytest_specdecode.settings import OPTIONS, Settings, project_test_id, resolve

@@ -57,7 +57,8 @@ from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.result import SpecdecodeResult, check_json
 from pytest_specdecode.sequential import SequentialPlan
 from pytest_specdecode.servers.attach import wait_attached
-from pytest_specdecode.servers.pool import ServerCounts, ServerHandle, ServerPool
+from pytest_specdecode.servers.handle import ServerCounts, ServerHandle
+from pytest_specdecode.servers.pool import ServerPool
 from pytest_specdecode.servers.readiness import DEFAULT_READY_GRACE, Progress
 from pytest_specdecode.settings import Settings
 from pytest_specdecode.stats import Verdict

@@ -10,7 +10,8 @@
 * **Teardown.** Without xdist the pool knows how many collected tests still need each profile
   (``set_demand``) and stops a server after its last test. Under xdist a worker cannot know what
   its siblings will need, so it stops nothing itself; servers are stopped when another profile
-  needs their GPUs, and at the end by the controller (:func:`finish_run`).
+  needs their GPUs, and at the end by the controller
+  (:func:`~pytest_specdecode.servers.cleanup.finish_run`).
 * **Keep-alive.** With ``keep_alive`` the last server is left running and recorded without an
   owner - the last one of each fleet host (``[hosts.NAME]``), so every box has its server
   waiting for the next night, and one for this machine; the next session reuses it if the
@@ -22,6 +23,12 @@
   waiting for the same GPUs cannot stop the server between the two and force a second load.
 * **Failures stick.** A server that failed to start or crashed fails every later test of the
   same run that needs it at once, with the same message, instead of burning another load.
+
+This module decides. One launch, from the port check to the warm-up, is carried out by
+:class:`~pytest_specdecode.servers.startup.ServerStarter`; what is left of servers whose process
+or owner is gone (pruning, a container left behind, the xdist controller's end of run) is
+:mod:`pytest_specdecode.servers.cleanup`'s; the handle and counts the pool gives out are in
+:mod:`pytest_specdecode.servers.handle`.
 """
 
 from __future__ import annotations
@@ -30,126 +37,35 @@ import contextlib
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
-import httpx
 from filelock import FileLock
 
-from pytest_specdecode import net
-from pytest_specdecode.backends import backend_for
-from pytest_specdecode.errors import (
-    ConfigError,
-    EngineUnreachableError,
-    ServerError,
-    ServerStartError,
-    SpecdecodeError,
-)
-from pytest_specdecode.net import is_local_host
+from pytest_specdecode.errors import EngineUnreachableError, ServerError, ServerStartError
 from pytest_specdecode.servers.build import BuildKey
+from pytest_specdecode.servers.cleanup import prune, remember_left_behind
 from pytest_specdecode.servers.factory import (
     build_of,
     identity_alive,
     identity_serves,
-    make_launcher,
     stop_identity,
 )
-from pytest_specdecode.servers.launcher import (
-    Launcher,
-    ServerIdentity,
-    find_free_port,
-    port_in_use,
-)
+from pytest_specdecode.servers.handle import EventSink, ServerCounts, ServerHandle
 from pytest_specdecode.servers.ports import describe_holders
-from pytest_specdecode.servers.preflight import preflight
-from pytest_specdecode.servers.readiness import (
-    DEFAULT_READY_GRACE,
-    LogTail,
-    Progress,
-    wait_until_ready,
+from pytest_specdecode.servers.readiness import DEFAULT_READY_GRACE, Progress
+from pytest_specdecode.servers.startup import (
+    ServerStarter,
+    api_key,
+    connect_host,
+    healthy,
+    launch_port,
 )
 from pytest_specdecode.servers.state import Entry, Owner, StateFile, lease_key
 
 if TYPE_CHECKING:
     from pytest_specdecode.profiles.profile import ServerProfile
-
-EventSink = Callable[[str], None]
-
-
-@dataclass
-class ServerCounts:
-    """What happened to each profile's server in one pytest run, for the terminal summary:
-    launched, reused (started by an earlier session or an xdist sibling), stopped by us, failed
-    (did not start, or crashed) and left running for the next session."""
-
-    launched: Counter[str] = field(default_factory=Counter)
-    reused: Counter[str] = field(default_factory=Counter)
-    stopped: Counter[str] = field(default_factory=Counter)
-    failed: Counter[str] = field(default_factory=Counter)
-    kept: Counter[str] = field(default_factory=Counter)
-
-    _FIELDS = ("launched", "reused", "stopped", "failed", "kept")
-
-    def add(self, other: ServerCounts) -> None:
-        for name in self._FIELDS:
-            getattr(self, name).update(getattr(other, name))
-
-    def to_json(self) -> dict[str, dict[str, int]]:
-        return {name: dict(getattr(self, name)) for name in self._FIELDS}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Mapping[str, int]]) -> ServerCounts:
-        return cls(**{name: Counter(data.get(name, {})) for name in cls._FIELDS})
-
-    def describe(self) -> str | None:
-        """``nospec launched 1, reused 0, stopped 1; eagle3 launched 1, ...`` or ``None``."""
-        profiles = list(
-            dict.fromkeys([*self.launched, *self.reused, *self.stopped, *self.failed, *self.kept])
-        )
-        if not profiles:
-            return None
-        parts = []
-        for name in profiles:
-            text = (
-                f"{name} launched {self.launched[name]}, reused {self.reused[name]}, "
-                f"stopped {self.stopped[name]}"
-            )
-            if self.failed[name]:
-                text += f", failed {self.failed[name]}"
-            if self.kept[name]:
-                text += ", left running"
-            parts.append(text)
-        return "; ".join(parts)
-
-
-@dataclass
-class ServerHandle:
-    """A server a test may measure: where it is and how to tell whether it is still alive."""
-
-    profile: ServerProfile
-    base_url: str
-    origin: str  # "launched" | "reused" | "attached"
-    api_key: str | None = None
-    log_path: Path | None = None
-    ready_seconds: float | None = None
-    launcher: Launcher | None = None
-    identity: ServerIdentity = field(default_factory=dict)
-
-    def exit_code(self) -> int | None:
-        """The exit code if the server is gone (-1 when unknowable), ``None`` while it runs."""
-        if self.launcher is not None:
-            return self.launcher.exit_code()
-        if self.identity:
-            return None if identity_alive(self.identity) else -1
-        return None  # attached: we cannot see the process
-
-    def log_tail(self, n: int = 50) -> list[str]:
-        if self.log_path is None or not self.log_path.exists():
-            return []
-        return LogTail(self.log_path).tail(n)
 
 
 class ServerPool:
@@ -173,18 +89,13 @@ class ServerPool:
         ready_grace: float = DEFAULT_READY_GRACE,
     ) -> None:
         self.state = StateFile(state_dir)
-        self.log_dir = log_dir
         self.run_id = run_id
         self.worker = worker
         self.keep_alive = keep_alive
-        self.preflight = preflight
         self.env = dict(os.environ if env is None else env)
         self._emit = on_event or (lambda message: None)
-        self._on_progress = on_progress
-        self._warmup = warmup
         self.stop_grace = stop_grace
         self.poll_interval = poll_interval
-        self.ready_grace = ready_grace  # a server that logged "ready" may stay silent this long
         self._lease = lease_key(run_id, worker)
         self._handles: dict[str, ServerHandle] = {}
         self._demand: Counter[str] | None = None
@@ -197,6 +108,18 @@ class ServerPool:
         self._host_failures: dict[str, ServerError] = {}  # hosts whose engine did not answer
         self._tried_stale: set[str] = set()
         self.counts = ServerCounts()
+        self._starter = ServerStarter(
+            self.state,
+            self.counts,
+            log_dir=log_dir,
+            env=self.env,
+            emit=self._emit,
+            gpu_lock=self.gpu_lock,
+            preflight=preflight,
+            on_progress=on_progress,
+            warmup=warmup,
+            ready_grace=ready_grace,  # a server that logged "ready" may stay silent this long
+        )
 
     # -- which server is which -------------------------------------------------------------
 
@@ -261,31 +184,7 @@ class ServerPool:
         handle = self._handles.pop(profile.name, None)
         if handle is not None and handle.launcher is not None:
             handle.launcher.stop(grace=5.0)  # reap it and whatever it left in its group
-            self._remember_left_behind(handle.launcher, profile.name)
-
-    def _remember_left_behind(self, launcher: Launcher, profile: str) -> None:
-        """A server that could not be removed (its Docker engine did not answer) is recorded
-        as ``stale`` under a key of its own, owned by nobody: the next session that reaches
-        its engine removes it (:meth:`_prune`), so a box that went down leaks no container."""
-        if not getattr(launcher, "left_behind", False):
-            return
-        identity = launcher.identity()
-        with self.state.edit() as entries:
-            key = f"stale-{identity.get('container_id') or id(launcher)}"
-            entries[key] = Entry(
-                digest=key,
-                profile=profile,
-                url="",
-                identity=identity,
-                gpus=[],
-                status="stale",
-                owner=None,
-                error="its Docker engine did not answer when it was to be removed",
-            )
-        self._emit(
-            f"{profile}: could not remove its container (the engine did not answer); the next "
-            "session that reaches the engine removes it"
-        )
+            remember_left_behind(self.state, handle.launcher, profile.name, self._emit)
 
     def release(self, profile: ServerProfile, *, hold: bool = False) -> None:
         """The test using ``profile``'s server is done with it.
@@ -373,7 +272,7 @@ class ServerPool:
         cached = self._handles.get(profile.name)
         to_stop: list[Entry] = []
         with self.state.edit() as entries:
-            self._prune(entries, host=profile.placed_on or "")
+            prune(entries, host=profile.placed_on or "", tried_stale=self._tried_stale)
             entry = entries.get(digest)
             if entry is not None and entry.status == "failed":
                 if entry.owner and entry.owner.run == self.run_id:
@@ -429,8 +328,8 @@ class ServerPool:
                 for other in conflicts:
                     del entries[other.digest]
                     to_stop.append(other)
-                port = profile.port or _launch_port(profile, entries.values())
-                url = f"http://{_connect_host(profile.host)}:{port}"
+                port = profile.port or launch_port(profile, entries.values())
+                url = f"http://{connect_host(profile.host)}:{port}"
                 entries[digest] = Entry(
                     digest=digest,
                     fingerprint=profile.fingerprint().digest,
@@ -470,12 +369,12 @@ class ServerPool:
                 f"{profile.name}: the recorded server (pid {entry.identity.get('pid')}) no longer "
                 f"holds {entry.url}; {describe_holders(int(entry.identity['port']))} does"
             )
-        elif _healthy(entry.url, _api_key(profile, self.env)):
+        elif healthy(entry.url, api_key(profile, self.env)):
             handle = ServerHandle(
                 profile=profile,
                 base_url=entry.url,
                 origin="reused",
-                api_key=_api_key(profile, self.env),
+                api_key=api_key(profile, self.env),
                 log_path=Path(entry.log_path) if entry.log_path else None,
                 identity=entry.identity,
             )
@@ -493,82 +392,7 @@ class ServerPool:
         return None
 
     def _launch(self, profile: ServerProfile, digest: str, port: int, url: str) -> ServerHandle:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        log_path = self.log_dir / f"{profile.name}-{stamp}-{os.getpid()}.log"
-        try:
-            api_key = _api_key(profile, self.env)
-            launcher = make_launcher(
-                profile, port=port, log_path=log_path, env=self.env, api_key=api_key
-            )
-        except ConfigError as exc:  # no API key, no llama-server to run: nothing started
-            with self.state.edit() as entries:
-                entries.pop(digest, None)
-            raise ServerStartError(f"server {profile.name!r} cannot be started: {exc}") from None
-        self._check_port_free(profile, digest, launcher)
-        if self.preflight and profile.launcher == "sglang":
-            self._preflight(profile, port, digest)
-        self.counts.launched[profile.name] += 1
-        self._emit(f"{profile.name}: starting ({profile.launcher}) on {url}; log: {log_path}")
-        try:
-            with self.gpu_lock(profile, digest):
-                launcher.start()
-                with self.state.edit() as entries:
-                    if digest in entries:
-                        entries[digest].identity = launcher.identity()
-                        entries[digest].log_path = str(log_path)
-                backend = backend_for(profile)
-                ready = wait_until_ready(
-                    launcher.base_url,
-                    name=f"server {profile.name!r}",
-                    timeout=profile.startup_timeout,
-                    exit_code=launcher.exit_code,
-                    log=LogTail(log_path, backend.log_phases),
-                    api_key=api_key,
-                    on_progress=self._on_progress,
-                    paths=backend.health_paths,
-                    ready_grace=self.ready_grace,
-                )
-            self._check_ours(profile, launcher, ready)
-            handle = ServerHandle(
-                profile=profile,
-                base_url=launcher.base_url,
-                origin="launched",
-                api_key=api_key,
-                log_path=log_path,
-                ready_seconds=ready,
-                launcher=launcher,
-                identity=launcher.identity(),
-            )
-            self._emit(f"{profile.name}: ready after {ready:.1f}s")
-            if self._warmup is not None:
-                try:
-                    self._warmup(handle)
-                except ServerError:
-                    raise
-                except SpecdecodeError as exc:  # e.g. the server answers, but not as expected
-                    raise ServerStartError(
-                        f"server {profile.name!r} was ready after {ready:.1f}s, but its warm-up "
-                        f"request failed: {exc}",
-                        log_path=str(log_path),
-                        log_tail=LogTail(log_path).tail(),
-                    ) from None
-        except BaseException as exc:
-            # Ctrl-C, a timeout, a crash or a failed warm-up: never leave the process or
-            # container behind.
-            if isinstance(exc, ServerError):
-                self.counts.failed[profile.name] += 1
-            elif launcher.exit_code() is None:
-                self.counts.stopped[profile.name] += 1
-            launcher.stop(grace=5.0)
-            self._remember_left_behind(launcher, profile.name)
-            with self.state.edit() as entries:
-                if isinstance(exc, ServerError):
-                    entries[digest].status = "failed"
-                    entries[digest].error = str(exc).splitlines()[0]
-                    entries[digest].identity = {}
-                else:
-                    entries.pop(digest, None)
-            raise
+        handle = self._starter.start(profile, digest, port, url)
         with self.state.edit() as entries:
             entry = entries[digest]
             entry.status = "ready"
@@ -576,82 +400,6 @@ class ServerPool:
             entry.leases[self._lease] = entry.leases.get(self._lease, 0) + 1
         self._handles[profile.name] = handle
         return handle
-
-    def _check_port_free(self, profile: ServerProfile, digest: str, launcher: Launcher) -> None:
-        """A port someone already listens on is an error now, naming who, not a 200 from the
-        wrong server later (SGLang binds its port last, after a load of minutes)."""
-        url = urlsplit(launcher.base_url)
-        host, port = url.hostname or "127.0.0.1", url.port or 0
-        if not port_in_use(host, port):
-            return
-        with self.state.edit() as entries:
-            entries.pop(digest, None)
-            recorded = [e for e in entries.values() if urlsplit(e.url).port == port]
-        holder = describe_holders(port) if is_local_host(host) else f"a server on {host}"
-        also = "".join(
-            f"; it is the server pytest-specdecode recorded for profile {e.profile!r} ({e.status})"
-            for e in recorded
-        )
-        choice = (
-            f"the profile's port = {profile.port} ({profile.source or profile.name})"
-            if profile.port
-            else "the chosen port"
-        )
-        self.counts.failed[profile.name] += 1
-        raise ServerStartError(
-            f"server {profile.name!r} cannot be launched on {launcher.base_url}: "
-            f"{choice} is already in use by {holder}{also}. Stop that server, give the profile "
-            "another port, or leave port unset to have a free one chosen"
-        )
-
-    def _check_ours(self, profile: ServerProfile, launcher: Launcher, ready: float) -> None:
-        """The server that answered the health probe must be the one launched: its process
-        (or container) holds the port. Another server that took the port meanwhile answered
-        while ours was loading."""
-        ours = launcher.serves_port()
-        if ours is None:
-            self._emit(
-                f"{profile.name}: cannot prove that the server answering at "
-                f"{launcher.base_url} is the one launched (its listener is not visible from "
-                "here); measuring it"
-            )
-            return
-        if ours:
-            return
-        port = urlsplit(launcher.base_url).port or 0
-        raise ServerStartError(
-            f"server {profile.name!r}: a server answered at {launcher.base_url} after "
-            f"{ready:.1f}s, but not the one launched: port {port} is held by "
-            f"{describe_holders(port)}, while ours (still running: "
-            f"{launcher.exit_code() is None}) does not listen there. Stop the other server, "
-            "or give the profile another port",
-            log_path=str(launcher.log_path),
-            log_tail=LogTail(launcher.log_path).tail(),
-        )
-
-    def _preflight(self, profile: ServerProfile, port: int, digest: str) -> None:
-        """SGLang's own argument handling on the launch command, in the server's interpreter,
-        before the load (:mod:`pytest_specdecode.servers.preflight`)."""
-        started = time.monotonic()
-        result = preflight(
-            profile,
-            profile.launch_argv(host=profile.host, port=port),
-            profile.launch_env(self.env),
-        )
-        took = time.monotonic() - started
-        if result.problem is not None:
-            with self.state.edit() as entries:
-                entries.pop(digest, None)
-            self.counts.failed[profile.name] += 1
-            raise ServerStartError(
-                f"server {profile.name!r} was not launched: {result.problem} (preflight, "
-                f"{took:.1f}s; --specdecode-skip-preflight launches without it)"
-            )
-        what = f"SGLang {result.version}" if result.version else "SGLang"
-        if result.note is not None:
-            self._emit(f"{profile.name}: preflight not decisive ({result.note}); launching")
-        else:
-            self._emit(f"{profile.name}: {what} accepts the launch command ({took:.1f}s)")
 
     # -- measurement lock ----------------------------------------------------------------
 
@@ -697,7 +445,7 @@ class ServerPool:
                 self._emit(f"{profile.name}: stopping ({reason})")
                 self.counts.stopped[profile.name] += 1
             handle.launcher.stop(grace=self.stop_grace)
-            self._remember_left_behind(handle.launcher, profile.name)
+            remember_left_behind(self.state, handle.launcher, profile.name, self._emit)
         elif entry is not None:
             self._stop_entry(entry, reason=reason)
 
@@ -713,35 +461,6 @@ class ServerPool:
         else:
             return  # nothing runs any more (it crashed): nothing to stop
         self.counts.stopped[entry.profile] += 1
-
-    def _prune(self, entries: dict[str, Entry], host: str = "") -> None:
-        """Forget dead servers and leases; adopt orphans (their owner died) as kept servers.
-
-        Whether a ready server still runs is asked only of ``host``'s servers (this machine's
-        for ""): that costs a call to its engine per server, under the state lock, and other
-        hosts' entries decide nothing here (benchmarks/bench_fleet.py: at 100 hosts, asking
-        every engine would cost 1.3 s per acquire on local sockets, far more over ssh)."""
-        for digest, entry in list(entries.items()):
-            entry.leases = entry.live_leases()
-            owner_alive = entry.owner is not None and entry.owner.alive()
-            if entry.status == "stale":
-                # left behind by an engine that was down; kept until that engine answers (tried
-                # once per process: an engine still down must not slow every acquire)
-                if digest not in self._tried_stale:
-                    self._tried_stale.add(digest)
-                    if stop_identity(entry.identity, grace=5.0):
-                        del entries[digest]
-            elif entry.status == "loading" and not owner_alive:
-                if entry.identity:
-                    stop_identity(entry.identity, grace=5.0)
-                del entries[digest]
-            elif entry.status == "failed" and not owner_alive:
-                del entries[digest]
-            elif entry.status == "ready" and entry.host == host:
-                if not entry.identity or not identity_alive(entry.identity):
-                    del entries[digest]
-                elif not owner_alive:
-                    entry.owner = None
 
     def close(self) -> None:
         """End of this process's session: stop what it owns, or keep the last one alive."""
@@ -783,97 +502,5 @@ class ServerPool:
         return set(last.values())
 
 
-def finish_run(
-    state_dir: Path,
-    run_id: str,
-    *,
-    keep_alive: bool,
-    on_event: EventSink | None = None,
-    grace: float = 30.0,
-) -> ServerCounts:
-    """The xdist controller's teardown: stop the servers its workers started (all but, with
-    ``keep_alive``, the most recently used one of each host, this machine counting as one).
-    Returns what it stopped and kept."""
-    emit = on_event or (lambda message: None)
-    counts = ServerCounts()
-    state = StateFile(state_dir)
-    if not state.path.exists():
-        return ServerCounts()  # the workers launched nothing
-    with state.edit() as entries:
-        owned = sorted(
-            (e for e in entries.values() if e.owner and e.owner.run == run_id),
-            key=lambda e: e.last_used_unix,
-        )
-        newest: dict[str, Entry] = {}
-        for entry in owned:  # oldest first: the last one seen on a host is its newest
-            newest[entry.host] = entry
-        kept = [e for e in newest.values() if e.status == "ready"] if keep_alive else []
-        for entry in kept:
-            entry.owner = None
-            counts.kept[entry.profile] += 1
-            emit(f"{entry.profile}: left running for the next session at {entry.url}")
-        owned = [e for e in owned if e not in kept]
-        for entry in owned:
-            del entries[entry.digest]
-    for entry in owned:
-        if entry.identity and identity_alive(entry.identity):  # not one that crashed
-            emit(f"{entry.profile}: stopping (end of the test session)")
-            stop_identity(entry.identity, grace=grace)
-            counts.stopped[entry.profile] += 1
-    return counts
-
-
-# -- launchers and recorded identities ---------------------------------------------------
-
-
-# -- small helpers -----------------------------------------------------------------------
-
-
 def _overlap(a: Sequence[int], b: Sequence[int]) -> bool:
     return bool(set(a) & set(b))
-
-
-def _launch_port(profile: ServerProfile, entries: Iterable[Entry]) -> int:
-    """A free port the profile's server kind accepts, with the ports it derives from it, and
-    none of the ports this machine's recorded servers were given."""
-    backend = backend_for(profile)
-    taken = {port for entry in entries if (port := urlsplit(entry.url).port) is not None}
-    return find_free_port(
-        _bind_host(profile.host),
-        port_range=backend.port_range,
-        derived=backend.derived_ports,
-        avoid=taken,
-    )
-
-
-def _bind_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "") else host
-
-
-def _connect_host(host: str) -> str:
-    return _bind_host(host)
-
-
-def _api_key(profile: ServerProfile, env: Mapping[str, str]) -> str | None:
-    if not profile.api_key_env:
-        return None
-    key = env.get(profile.api_key_env)
-    if not key:
-        raise ConfigError(
-            f"profile {profile.name!r} sets api_key_env = {profile.api_key_env!r}, but that "
-            "environment variable is not set; export it before running pytest",
-            source=profile.source,
-        )
-    return key
-
-
-def _healthy(url: str, api_key: str | None, timeout: float = 10.0) -> bool:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        with httpx.Client(timeout=timeout, headers=headers, trust_env=net.trust_env(url)) as http:
-            response = http.get(f"{url}/health_generate")
-            if response.status_code == 404:
-                response = http.get(f"{url}/health")
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200

@@ -18,8 +18,8 @@ import pytest
 from pytest_specdecode.client import MeasurementClient
 from pytest_specdecode.errors import ServerTimeoutError
 from pytest_specdecode.net import is_local_host, trust_env
-from pytest_specdecode.servers.pool import _healthy
 from pytest_specdecode.servers.readiness import wait_until_ready
+from pytest_specdecode.servers.startup import healthy
 
 REMOTE = "http://gpu-box.invalid:30000"  # .invalid never resolves: only a proxy can reach it
 
@@ -114,7 +114,7 @@ def test_a_local_server_is_reached_directly_despite_a_dead_proxy(
     set_proxy(monkeypatch, f"http://127.0.0.1:{dead_port()}")
 
     assert wait_until_ready(url, name="local", timeout=5, paths=["/health"]) < 5
-    assert _healthy(url, None, timeout=5)
+    assert healthy(url, None, timeout=5)
     with MeasurementClient(url) as client:
         assert client.get("/health").status_code == 200
     # origin-form request lines, each client's: no proxy in between
@@ -132,7 +132,7 @@ def test_a_remote_server_is_reached_through_the_users_proxy(
     set_proxy(monkeypatch, proxy)
 
     wait_until_ready(REMOTE, name="remote", timeout=5, paths=["/health"], poll_interval=0.05)
-    assert _healthy(REMOTE, None, timeout=5)
+    assert healthy(REMOTE, None, timeout=5)
     with MeasurementClient(REMOTE) as client:
         assert client.get("/health").status_code == 200
     # absolute-form request lines: each client went through the proxy

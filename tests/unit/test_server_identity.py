@@ -15,7 +15,7 @@ import pytest
 
 from pytest_specdecode.errors import ServerStartError
 from pytest_specdecode.profiles.profile import ServerProfile
-from pytest_specdecode.servers import pool as pool_module
+from pytest_specdecode.servers import startup as startup_module
 from pytest_specdecode.servers.build import build_key
 from pytest_specdecode.servers.launcher import find_free_port, port_in_use
 from pytest_specdecode.servers.pool import ServerPool
@@ -104,9 +104,9 @@ def test_a_server_answering_in_place_of_the_launched_one_is_refused(tmp_path, mo
 
     profile = ServerProfile(name="nospec", model_path="/models/tiny-llm", launcher="sim", port=port)
     monkeypatch.setattr(
-        pool_module, "make_launcher", lambda *a, **k: Raced(port, tmp_path / "server.log")
+        startup_module, "make_launcher", lambda *a, **k: Raced(port, tmp_path / "server.log")
     )
-    monkeypatch.setattr(pool_module, "wait_until_ready", fake_ready)
+    monkeypatch.setattr(startup_module, "wait_until_ready", fake_ready)
     pool = ServerPool(state_dir=tmp_path / "state", log_dir=tmp_path, run_id="r", preflight=False)
     try:
         began = time.monotonic()
