@@ -5,19 +5,25 @@
 # internals: grouping a profile's tests onto one worker (tests/e2e/test_lifecycle.py -k xdist,
 # broken by pytest 9.2's structured node ids until the plugin repaired xdist's tag) and the
 # benchmark bridge. Called by scripts/test; prints each pin set's time.
+#
+# `scripts/test-compat.sh [INSTALLED_FLAG]`: the venvs are installed first, one after another,
+# then FLAG is created, then the tests run. scripts/test starts its main pytest run at the flag:
+# the installs write the checkout's egg-info, which a pytest started in the checkout reads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cache="${SPECDECODE_CACHE:-$HOME/.cache/pytest-specdecode}"
+installed_flag="${1:-}"
 pins=(
   "pytest==8.0.0 pytest-xdist==3.5.0 pytest-benchmark==4.0.0"  # the bounds in pyproject.toml
   "pytest==9.2.0 pytest-xdist==3.8.0 pytest-benchmark==5.2.3"  # the newest tested
 )
-# one pin set: its venv, the install (skipped when already there), its tests
-check() {
+venv_of() { echo "$cache/compat-$(echo "$1" | sha256sum | cut -c1-12)"; }
+# one pin set's venv and install (skipped when already there)
+install() {
   local spec=$1 t0 venv stamp want
   t0=$(date +%s)
-  venv="$cache/compat-$(echo "$spec" | sha256sum | cut -c1-12)"
+  venv="$(venv_of "$spec")"
   if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
   fi
@@ -32,12 +38,25 @@ check() {
       "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e . jsonschema $spec
     echo "$want" >"$stamp"
   fi
-  local rc=0
+  echo "scripts/test-compat: $spec: installed in $(( $(date +%s) - t0 )) s" >&2
+}
+# one pin set's tests
+check() {
+  local spec=$1 t0 venv rc=0
+  t0=$(date +%s)
+  venv="$(venv_of "$spec")"
   "$venv/bin/python" -m pytest -q -p no:randomly -p no:cacheprovider \
     tests/e2e/test_lifecycle.py tests/e2e/test_outputs_e2e.py -k "xdist or benchmark" || rc=$?
-  echo "scripts/test-compat: $spec: $(( $(date +%s) - t0 )) s" >&2
+  echo "scripts/test-compat: $spec: tests $(( $(date +%s) - t0 )) s" >&2
   return "$rc"
 }
+
+for spec in "${pins[@]}"; do
+  install "$spec"
+done
+if [ -n "$installed_flag" ]; then
+  touch "$installed_flag"
+fi
 
 # The pin sets side by side (their tests mostly wait on servers), each one's output shown whole
 # when it is done.
