@@ -1,0 +1,166 @@
+"""Recording a baseline over several server launches (``--update-baselines``).
+
+Launches of a real server differ (docs/statistics.md), so a baseline is recorded over several.
+A test records its runs on the server the session gave it (the first launch); once the profile's
+last planned test has released that server, :class:`BaselineLaunches` relaunches it as often as
+the baselines want, measuring every recorded test of the profile again in each launch. Whether
+what was recorded may become a baseline at all (not too noisy) is :func:`recording_outcome`;
+writing it is the session's, with :func:`whole_launches` saying whether its samples keep their
+launch structure.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from pytest_specdecode.backends import backend_for
+from pytest_specdecode.baselines.store import NOISE_HINT, noise_problem
+from pytest_specdecode.errors import SpecdecodeError
+from pytest_specdecode.markers import MarkerSpec
+from pytest_specdecode.profiles.profile import ServerProfile
+from pytest_specdecode.result import SpecdecodeResult
+from pytest_specdecode.runner import ServerRunner
+from pytest_specdecode.servers.pool import ServerPool
+from pytest_specdecode.settings import Settings
+from pytest_specdecode.verdict import Outcome
+from pytest_specdecode.workloads import Workload
+
+DEFAULT_BASELINE_LAUNCHES = 3
+"""Launches of a baseline where launches vary: a launch-to-launch variance estimated from two
+launch means has 1 degree of freedom; 3 launches (2) already halve the t quantile of a 99% bound,
+at 45 minutes of a GPU box whose load takes 15 (docs/statistics.md)."""
+
+
+@dataclass
+class PendingLaunches:
+    """A test recorded in the first launch of its profile, owed its other launches."""
+
+    result: SpecdecodeResult
+    spec: MarkerSpec
+    workload: Workload
+    runs: int
+    launches: int
+
+
+def launches_for(settings: Settings, launch_varies: bool) -> int:
+    """Launches a baseline is recorded over: the setting, else 3 where launches vary (a
+    real server, or the simulator with --sim-launch-cv), else 1."""
+    if settings.baseline_launches is not None:
+        return settings.baseline_launches
+    return DEFAULT_BASELINE_LAUNCHES if launch_varies else 1
+
+
+def recording_outcome(
+    settings: Settings, samples: Mapping[str, list[float]], launch_runs: Sequence[int] = ()
+) -> tuple[Outcome, str]:
+    """RECORDED with what was recorded, or FAIL when the samples are too noisy to be a baseline
+    (unless ``--specdecode-force-baseline``)."""
+    runs = len(samples.get("tok_s", []))
+    if not settings.force_baseline:
+        problem = noise_problem(samples, settings.max_baseline_cv, launch_runs=tuple(launch_runs))
+        if problem is not None:
+            return Outcome.FAIL, f"refusing to record a baseline: {problem} {NOISE_HINT}"
+    launches = len(launch_runs)
+    over = f" over {launches} server launches" if launches > 1 else ""
+    return Outcome.RECORDED, f"recorded {runs} runs{over}"
+
+
+def whole_launches(result: SpecdecodeResult) -> bool:
+    """Every metric has one value per run of the launches (else the record is one launch)."""
+    total = sum(result.launch_runs)
+    return all(len(values) == total for values in result.samples.values())
+
+
+class BaselineLaunches:
+    """The baseline launches a session still owes, by profile, and doing them."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        pool: ServerPool,
+        runner: ServerRunner,
+        emit: Callable[[str], None],
+        on_update: Callable[[str], None],
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.runner = runner
+        self.emit = emit
+        self.on_update = on_update  # a line for the session's baseline updates
+        self._planned: Counter[str] | None = None
+        self._pending: dict[str, list[PendingLaunches]] = {}
+
+    def plan(self, profiles: Sequence[str]) -> None:
+        """The profiles of the tests this process will run, one entry per test (from the
+        collection): the last test of a profile triggers its remaining baseline launches."""
+        self._planned = Counter(profiles)
+
+    def owe(self, profile: str, pending: PendingLaunches) -> None:
+        self._pending.setdefault(profile, []).append(pending)
+
+    def owed(self) -> list[str]:
+        """The profiles whose tests are still owed launches."""
+        return [pending[0].result.profile for pending in self._pending.values()]
+
+    def released(self, profile: ServerProfile, *, hold: bool) -> None:
+        """A test of ``profile`` is done with its server: after the last planned one (and
+        unless the next test holds the server), the profile's other launches are done now."""
+        if self._planned is not None and profile.name in self._planned:
+            self._planned[profile.name] -= 1
+            if self._planned[profile.name] <= 0 and not hold:
+                self.record_more(profile)
+
+    def record_more(self, profile: ServerProfile) -> None:
+        """The profile's other baseline launches: relaunch it, measure every recorded test of
+        it again, as often as the baselines want launches (one launch = one server start)."""
+        pending = self._pending.pop(profile.name, [])
+        if not pending:
+            return
+        wanted = max(p.launches for p in pending)
+        for launch in range(2, wanted + 1):
+            self.emit(f"{profile.name}: baseline launch {launch} of {wanted}")
+            try:
+                handle = self.pool.relaunch(profile, reason=f"baseline launch {launch}")
+            except SpecdecodeError as exc:
+                self._launch_failed(pending, launch, wanted, exc)
+                return
+            try:
+                backend = backend_for(profile)
+                with self.runner.client(handle, backend) as client, self.pool.gpu_lock(profile):
+                    for p in pending:
+                        self.runner.warm_up(client, handle, p.workload)
+                        for run_index in range(p.runs):
+                            values, _ = self.runner.one_run(
+                                client, backend, handle, p.workload, run_index
+                            )
+                            for name, value in values.items():
+                                p.result.samples.setdefault(name, []).append(value)
+                        p.result.launch_runs.append(p.runs)
+            except SpecdecodeError as exc:
+                self._launch_failed(pending, launch, wanted, exc)
+                return
+            finally:
+                self.pool.release(profile)
+        for p in pending:
+            outcome, text = recording_outcome(self.settings, p.result.samples, p.result.launch_runs)
+            p.result.outcome, p.result.message = outcome, text
+
+    def _launch_failed(
+        self, pending: list[PendingLaunches], launch: int, wanted: int, exc: Exception
+    ) -> None:
+        """A later baseline launch failed: what the earlier launches measured is kept."""
+        first = str(exc).splitlines()[0]
+        for p in pending:
+            # a launch measured half-way is dropped, so every sample belongs to a whole launch
+            kept = sum(p.result.launch_runs)
+            p.result.samples = {k: v[:kept] for k, v in p.result.samples.items()}
+            done = len(p.result.launch_runs)
+            p.result.warnings.append(
+                f"the baseline has {done} of {wanted} launches: launch {launch} failed: {first}"
+            )
+            outcome, text = recording_outcome(self.settings, p.result.samples, p.result.launch_runs)
+            p.result.outcome, p.result.message = outcome, text
+        self.on_update(f"{pending[0].result.profile}: baseline launch {launch} failed: {first}")
