@@ -40,17 +40,9 @@ from numpy.typing import ArrayLike, NDArray
 
 from pytest_specdecode.calibration_cache import code_digest, memoized
 from pytest_specdecode.distributions import norm_isf, norm_sf, t_isf, t_sf
-from pytest_specdecode.stats import (
-    DEFAULT_RESAMPLES,
-    Comparison,
-    StatsInputError,
-    Verdict,
-    check_alpha,
-    check_margin,
-    compare,
-    verdict_codes,
-    welch_terms,
-)
+from pytest_specdecode.samples import StatsInputError, check_alpha, check_margin
+from pytest_specdecode.stats import DEFAULT_RESAMPLES, Comparison, Verdict, compare, verdict_codes
+from pytest_specdecode.welch import welch_terms
 
 __all__ = ["SPENDING_FUNCTIONS", "SequentialPlan", "run_sequential", "sequential_verdicts"]
 

@@ -30,7 +30,7 @@ from pytest_specdecode import __version__
 from pytest_specdecode.errors import BaselineError
 from pytest_specdecode.fingerprint import FieldDifference, Fingerprint, JSONValue
 from pytest_specdecode.redaction import redact_json
-from pytest_specdecode.stats import describe
+from pytest_specdecode.samples import describe
 
 SCHEMA_VERSION = 2
 """Version of the baseline file layout; bumped whenever a reader of the old layout would

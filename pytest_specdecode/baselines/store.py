@@ -34,8 +34,8 @@ from pytest_specdecode.baselines.record import (
 )
 from pytest_specdecode.errors import BaselineError
 from pytest_specdecode.files import atomic_write_text, move_aside, remove_stale_temp_files
+from pytest_specdecode.samples import describe
 from pytest_specdecode.settings import default_state_dir
-from pytest_specdecode.stats import describe
 
 METRIC_UNITS: Mapping[str, str] = {
     "tok_s": "tok/s",

@@ -34,7 +34,7 @@ from pytest_specdecode.files import atomic_write_text
 from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.redaction import redact_json
 from pytest_specdecode.result import SpecdecodeResult
-from pytest_specdecode.stats import describe
+from pytest_specdecode.samples import describe
 from pytest_specdecode.verdict import Outcome
 
 REPORT_SCHEMA_VERSION = 1
