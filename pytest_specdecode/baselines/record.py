@@ -96,7 +96,7 @@ class MetricSamples:
         return self.summary()["cv"]
 
     def summary(self) -> dict[str, float | None]:
-        """n, mean, std (sample, ddof=1), cv, median, min, max (:func:`stats.describe`; one run
+        """n, mean, std (sample, ddof=1), cv, median, min, max (:func:`samples.describe`; one run
         has no std or cv)."""
         d = describe(self.values)
         return {

@@ -65,7 +65,7 @@ SESSION_KEYS = (
 
 def metric_summary(values: Sequence[float]) -> dict[str, float | None]:
     """n, mean, std (ddof=1), CV and the 95% t interval of the mean of one metric's per-run
-    values (:func:`~pytest_specdecode.stats.describe`; one run has no std, CV or interval)."""
+    values (:func:`~pytest_specdecode.samples.describe`; one run has no std, CV or interval)."""
     d = describe(values)
     return {
         "n": d.n,
