@@ -533,6 +533,10 @@ def _apply_outcome(item: pytest.Item, test: SpecdecodeTest, result: SpecdecodeRe
         if policy == "xfail":
             pytest.xfail(text)
         _warn(item, f"inconclusive, passed by policy: {text}")
+    if result.message:
+        # A test that passes keeps its verdict's text too (the bounds, the MDE, what the
+        # interval left out): `-rP` / `-rA` show it under PASSES, as pytest shows captured output.
+        item.add_report_section("call", "specdecode verdict", text)
     for warning in result.warnings:
         _warn(item, warning)
 

@@ -62,11 +62,18 @@ def test_record_then_a_clean_pass_with_the_table(quiet_project: Project) -> None
     assert {row["verdict"] for row in rows.values()} == {"RECORDED"}
     assert {row["runs"] for row in rows.values()} == {"8"}
 
-    checked = quiet_project.run(*CHECK)
+    assert "specdecode verdict" not in recorded.stdout.str()  # passes' text only with -rP
+
+    checked = quiet_project.run(*CHECK, "-rP")
     checked.assert_outcomes(passed=4)
     out = checked.stdout.str()
     assert "SIMULATED: these figures come from pytest-specdecode's simulated SGLang server" in out
     assert "baselines updated" not in out
+    # -rP shows a passing test's verdict, as pytest shows a passing test's captured output.
+    section = out[out.index("Captured specdecode verdict call") :]
+    assert re.search(
+        r"nospec: output tok/s vs its own baseline: PASS\. Baseline [\d.]+ tok/s \(n=8", section
+    ), section
     rows = summary_table(checked)
     assert list(rows) == ["test_nospec_throughput", "test_nospec_loose", "test_eagle3_acceptance"]
     assert list(rows["test_nospec_throughput"]) == [
