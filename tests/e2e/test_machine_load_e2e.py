@@ -27,12 +27,14 @@ machine_load.cpu_count = lambda: 2
 ONE_TEST = """
 import pytest
 
-@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.10)
+@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.90)
 def test_tok_s():
     pass
 """
 
 MEASURE = {"PYTEST_SPECDECODE_MACHINE_LOAD": "measure"}  # the plugin's own suite sets it off
+# The load is faked (FAKE_LOAD_CONFTEST); the real box's load still moves a 3-run tok/s at 50x
+# (-21% FAILed a -10% margin in clean-clone CI): the margin only keeps the verdict out of it.
 WARNING = "machine load differs between these runs and its own baseline"
 
 

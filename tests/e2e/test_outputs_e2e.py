@@ -128,8 +128,11 @@ def test_every_output_of_a_nightly_session(project, monkeypatch):
 def test_under_xdist_the_controller_writes_one_history_line(project):
     project.tests(TESTS)
     project.run(*RECORD).assert_outcomes(passed=2)
+    # The history is the point, not the verdicts: 3 runs against 3 on a loaded box can be
+    # INCONCLUSIVE even at -50% (an xfail in clean-clone CI), so that passes with a warning here.
+    lenient = ("--specdecode-on-inconclusive", "warn")
     for _ in range(2):
-        result = project.run("-n", "2", *RUNS, "--specdecode-history=history.jsonl")
+        result = project.run("-n", "2", *RUNS, *lenient, "--specdecode-history=history.jsonl")
         result.assert_outcomes(passed=2)
     records = [
         json.loads(line) for line in (project.path / "history.jsonl").read_text().splitlines()
