@@ -1,6 +1,9 @@
 """Baselines end to end: recording (old -> new, refusing noise, xdist), and every way a stored
 baseline can be unusable (missing, corrupt, misplaced, another configuration, another workload),
 none of which may ever turn into a silent pass.
+
+The markers allow 30% slower: what these tests judge is the baseline, not the speed, and a
+3-6-run tok/s of the 50x sim moves by 20% with a loaded box's client (seen in clean-clone CI).
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ CHECK = ("--specdecode-runs", "4", "--specdecode-max-runs", "6")
 TWO_NOSPEC_TESTS = """
 import pytest
 
-@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.10)
+@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.30)
 def test_a():
     pass
 
-@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.10)
+@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.30)
 def test_b():
     pass
 """
@@ -105,7 +108,7 @@ def test_a_noisy_baseline_is_refused_unless_forced(quiet_project: Project) -> No
         """
         import pytest
 
-        @pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.10)
+        @pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.30)
         def test_a():
             pass
         """
@@ -144,11 +147,11 @@ def test_under_xdist_only_the_controller_writes(quiet_project: Project) -> None:
         """
         import pytest
 
-        @pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.10)
+        @pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.30)
         def test_nospec():
             pass
 
-        @pytest.mark.specdecode("eagle3", workload="fast", tok_s=-0.10, accept_length=-0.10)
+        @pytest.mark.specdecode("eagle3", workload="fast", tok_s=-0.30, accept_length=-0.10)
         def test_eagle3():
             pass
         """
@@ -180,11 +183,11 @@ def test_under_xdist_only_the_controller_writes(quiet_project: Project) -> None:
 MISSING = """
 import pytest
 
-@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.10)
+@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.30)
 def test_default():
     pass
 
-@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.10, on_missing_baseline="fail")
+@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.30, on_missing_baseline="fail")
 def test_marker_fail():
     pass
 
@@ -227,7 +230,7 @@ def test_corrupt_and_misplaced_baselines_are_errors(quiet_project: Project) -> N
     quiet_project.tests(
         TWO_NOSPEC_TESTS
         + """
-@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.10)
+@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.30)
 def test_c():
     pass
 """
@@ -268,11 +271,11 @@ def test_c():
 FINGERPRINTED = """
 import pytest
 
-@pytest.mark.specdecode("eagle3", workload="fast", tok_s=-0.10)
+@pytest.mark.specdecode("eagle3", workload="fast", tok_s=-0.30)
 def test_eagle3():
     pass
 
-@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.10)
+@pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.30)
 def test_nospec():
     pass
 """
@@ -334,11 +337,11 @@ def test_a_soft_mismatch_warns_and_a_workload_change_is_refused(quiet_project: P
         """
         import pytest
 
-        @pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.10)
+        @pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.30)
         def test_soft():
             pass
 
-        @pytest.mark.specdecode("nospec", workload="mine", tok_s=-0.10)
+        @pytest.mark.specdecode("nospec", workload="mine", tok_s=-0.30)
         def test_workload():
             pass
         """
@@ -385,7 +388,7 @@ def test_a_baseline_that_cannot_be_written_does_not_stop_the_others(
     one = """
     import pytest
 
-    @pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.10)
+    @pytest.mark.specdecode("nospec", workload="fast", tok_s=-0.30)
     def test_{}():
         pass
     """
