@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pytest_specdecode.sim import versions
-from tests.e2e.conftest import QUIET_PROFILES
+from tests.e2e.conftest import SLOW_QUIET_PROFILES
 
 if TYPE_CHECKING:
     from conftest import Project
@@ -61,9 +61,7 @@ def verdicts(result: pytest.RunResult) -> dict[str, str]:
 
 
 def test_update_prints_old_to_new_with_the_change(quiet_project: Project) -> None:
-    # 5x, not the quiet 20x: at 20x the client's share of a run (HTTP, the first token) moved
-    # with the box's load, and a 30% slower server read as 13.1% slower in clean-clone CI.
-    quiet_project.profiles(QUIET_PROFILES.replace('"--sim-speed", "20"', '"--sim-speed", "5"'))
+    quiet_project.profiles(SLOW_QUIET_PROFILES)  # a 30% slower server read as 13.1% at 20x
     quiet_project.tests(TWO_NOSPEC_TESTS)
     # The noise guard is not the point here (a loaded CI box tripped it: CV 15.6% over 6 runs)
     record = (*RECORD, "--specdecode-force-baseline")

@@ -134,7 +134,7 @@ def test_nights_of_history_give_a_one_launch_baseline_its_launch_variance(
     # night on, the next verdict carries the launch variance those nights show.
     # One test of one profile: five sessions of it (record and four nights) prove the point.
     project.profiles(VARYING)
-    project.tests(TESTS[: TESTS.index("def test_throughput_loose")].rsplit("@pytest", 1)[0])
+    project.tests(TESTS[: TESTS.index("@pytest", TESTS.index("def test_throughput():"))])
     project.run(*RECORD, "--specdecode-baseline-launches", "1").assert_outcomes(passed=1)
     history = project.path / "history.jsonl"
     first = project.run(*CHECK, f"--specdecode-history={history}", "-rA")  # -rA: also on PASS
