@@ -126,10 +126,12 @@ def test_every_output_of_a_nightly_session(project, monkeypatch):
 
 
 def test_under_xdist_the_controller_writes_one_history_line(project):
-    project.tests(TESTS)
+    # The history is the point, not the verdicts. Two servers at 50x beside a busy suite are
+    # slow by whatever the box's load is: clean-clone CI saw 0.42 of the baseline's tok/s (a
+    # FAIL at -50%), and 3 runs against 3 INCONCLUSIVE at -50% (an xfail). So margins of -90%,
+    # and INCONCLUSIVE passes with a warning.
+    project.tests(TESTS.replace("=-0.5", "=-0.9"))
     project.run(*RECORD).assert_outcomes(passed=2)
-    # The history is the point, not the verdicts: 3 runs against 3 on a loaded box can be
-    # INCONCLUSIVE even at -50% (an xfail in clean-clone CI), so that passes with a warning here.
     lenient = ("--specdecode-on-inconclusive", "warn")
     for _ in range(2):
         result = project.run("-n", "2", *RUNS, *lenient, "--specdecode-history=history.jsonl")
