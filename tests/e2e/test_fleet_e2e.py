@@ -99,10 +99,11 @@ def fleet(project, monkeypatch) -> Iterator[object]:
     for engine in ENGINES[:2]:  # whatever a failed test left behind
         client = docker.DockerClient(base_url=engine)
         try:
-            for c in client.containers.list(
-                all=True, filters={"label": "pytest-specdecode.managed=1"}
-            ):
-                c.remove(force=True)
+            for c in client.containers.list(all=True, filters=MANAGED, ignore_removed=True):
+                try:
+                    c.remove(force=True)
+                except docker.errors.NotFound:
+                    pass  # its session removed it meanwhile
         finally:
             client.close()
 
@@ -110,7 +111,9 @@ def fleet(project, monkeypatch) -> Iterator[object]:
 def containers(engine: str) -> list[str]:
     client = docker.DockerClient(base_url=engine)
     try:
-        found = client.containers.list(all=True, filters=MANAGED)
+        # ignore_removed: a container listed and then removed before the SDK inspects it (a
+        # session sweeping or replacing one) is gone, not an error of the test
+        found = client.containers.list(all=True, filters=MANAGED, ignore_removed=True)
         return [c.name for c in found]
     finally:
         client.close()
@@ -248,23 +251,25 @@ def test_a_host_killed_mid_run_fails_its_tests_leaks_nothing_and_the_other_goes_
     project.profiles(KILLED.format(a=ENGINES[0], args=FAST))
     project.tests(TESTS)
     env = {**os.environ, "PYTHONPATH": str(project.path), "FLEET_BOX_B": ENGINES[1]}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", *RUNS],
-        cwd=project.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
     try:
-        deadline = time.monotonic() + 90
-        while not containers(ENGINES[1]):  # box-b's server is loading
-            assert proc.poll() is None
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        time.sleep(1.0)
-        subprocess.run(["bash", str(FLEET_SCRIPT), "--kill-all"], check=True, timeout=120)
-        out, _ = proc.communicate(timeout=300)
+        # `with`: the pipe is closed on every path (left to gc, it fails a later test)
+        with subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", *RUNS],
+            cwd=project.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        ) as proc:  # fmt: skip
+            try:
+                deadline = time.monotonic() + 90
+                while not containers(ENGINES[1]):  # box-b's server is loading
+                    assert proc.poll() is None
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+                time.sleep(1.0)
+                subprocess.run(["bash", str(FLEET_SCRIPT), "--kill-all"], check=True, timeout=120)
+                out, _ = proc.communicate(timeout=300)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         subprocess.run(["bash", str(FLEET_SCRIPT)], check=True, timeout=300)  # engine B back
     assert re.search(r"2 passed, 1 error", out), out
     assert "on-b" in out

@@ -113,7 +113,8 @@ def profile_name(engine: docker.DockerClient) -> Iterator[str]:
 
 
 def containers_of(engine: docker.DockerClient, profile: str) -> list[Container]:
-    return list(engine.containers.list(all=True, filters={"label": f"{LABEL_PROFILE}={profile}"}))
+    label = {"label": f"{LABEL_PROFILE}={profile}"}
+    return list(engine.containers.list(all=True, filters=label, ignore_removed=True))
 
 
 def docker_profile(

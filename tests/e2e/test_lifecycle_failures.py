@@ -265,7 +265,7 @@ def test_a_signal_during_the_load_leaves_no_process(project, signum):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    text = out.text()
+        text = out.text()  # closes the pipe on every path: left to gc, it fails a later test
     assert code == pytest.ExitCode.INTERRUPTED, text
     assert "KeyboardInterrupt" in text
     assert project.sim_processes() == []

@@ -176,6 +176,9 @@ def test_two_sessions_of_one_profile_with_different_builds_never_share_a_server(
     finally:
         if first.poll() is None:
             first.kill()
+            first.wait()
+        if first.stdout is not None:
+            first.stdout.close()  # on every path: left to gc, the pipe fails a later test
     assert first.returncode == 0, first_out
     assert "nospec launched 1, reused 0" in first_out  # its server was never taken away
     assert project.sim_processes() == []
