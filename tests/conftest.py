@@ -9,6 +9,7 @@ the plugin's own controller/worker logic would see a worker where there is none.
 from __future__ import annotations
 
 import os
+import signal
 
 # httpx 0.28 imports httpcore on its first connection. Where that is inside a pytester test,
 # pytester's teardown removes the modules the test imported, httpcore among them; the next
@@ -16,6 +17,14 @@ import os
 # connection escapes as httpcore.ConnectError. Imported here, before any snapshot, it stays.
 import httpcore  # noqa: F401
 import pytest
+
+# A shell without job control starts a background command (`scripts/test &` in a script) with
+# SIGINT ignored, and an ignored signal stays ignored across exec: every pytest the suite starts
+# would shrug off the Ctrl-C that the interrupt tests send it, and they would test the shell,
+# not the plugin. Python's own handler (a handled signal is reset to the default at exec) gives
+# the suite's children the Ctrl-C a terminal gives a user's pytest.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 XDIST_WORKER_VARIABLES = (
     "PYTEST_XDIST_WORKER",
