@@ -11,6 +11,7 @@ scripts/test exports them): skipped without, failed under ``SPECDECODE_REQUIRE_D
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -100,10 +101,8 @@ def fleet(project, monkeypatch) -> Iterator[object]:
         client = docker.DockerClient(base_url=engine)
         try:
             for c in client.containers.list(all=True, filters=MANAGED, ignore_removed=True):
-                try:
+                with contextlib.suppress(docker.errors.NotFound):  # its session removed it
                     c.remove(force=True)
-                except docker.errors.NotFound:
-                    pass  # its session removed it meanwhile
         finally:
             client.close()
 

@@ -148,37 +148,35 @@ def test_two_sessions_of_one_profile_with_different_builds_never_share_a_server(
     project.profiles(PROFILES.format(port="", fast=FAST))
     project.tests(SLOW_TEST.format(seconds=8), name="test_slow")
     env = {**os.environ, "PYTEST_SPECDECODE_STATE_DIR": str(project.state_dir)}
-    first = subprocess.Popen(
+    # `with`: the pipe is closed on every path (left to gc, it fails a later test)
+    with subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_slow.py", *RUNS],
         cwd=project.path,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while (
-            not (project.state_dir / "servers.json").exists()
-            or '"ready"' not in (project.state_dir / "servers.json").read_text()
-        ):
-            assert time.monotonic() < deadline
-            assert first.poll() is None
-            time.sleep(0.2)
-        project.tests(ONE_TEST, name="test_other")
-        second = project.run_with_env({"SPECDECODE_SIM_SLOWDOWN": "2"}, "test_other.py", *RUNS)
-        second.assert_outcomes(passed=1)
-        out = second.stdout.str()
-        assert "nospec launched 1, reused 0" in out
-        # (pytester's runs set PYTHONPATH as well, which is a difference of build too)
-        assert re.search(r"another build \(environment [^)]*SPECDECODE_SIM_SLOWDOWN", out), out
-        first_out, _ = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
-        if first.stdout is not None:
-            first.stdout.close()  # on every path: left to gc, the pipe fails a later test
+    ) as first:
+        try:
+            deadline = time.monotonic() + 60
+            while (
+                not (project.state_dir / "servers.json").exists()
+                or '"ready"' not in (project.state_dir / "servers.json").read_text()
+            ):
+                assert time.monotonic() < deadline
+                assert first.poll() is None
+                time.sleep(0.2)
+            project.tests(ONE_TEST, name="test_other")
+            second = project.run_with_env({"SPECDECODE_SIM_SLOWDOWN": "2"}, "test_other.py", *RUNS)
+            second.assert_outcomes(passed=1)
+            out = second.stdout.str()
+            assert "nospec launched 1, reused 0" in out
+            # (pytester's runs set PYTHONPATH as well, which is a difference of build too)
+            assert re.search(r"another build \(environment [^)]*SPECDECODE_SIM_SLOWDOWN", out), out
+            first_out, _ = first.communicate(timeout=120)
+        finally:
+            if first.poll() is None:
+                first.kill()
     assert first.returncode == 0, first_out
     assert "nospec launched 1, reused 0" in first_out  # its server was never taken away
     assert project.sim_processes() == []
