@@ -24,7 +24,7 @@ Issue 14, item 5: how the design scales to 10 and 100 boxes, measured. Three sec
    (the lock serialises them: the edits per second the one file sustains).
 3. **The engine round trip under the lock.** Each acquire prunes the state file under its lock,
    and for every ready docker entry that means
-   :func:`pytest_specdecode.servers.docker_recorded.docker_server_alive`: a new client, a ping and a
+   :func:`pytest_specdecode.servers.docker.recorded.docker_server_alive`: a new client, a ping and a
    container lookup on that entry's engine. Measured against the engines of
    ``SPECDECODE_FLEET_DOCKER_HOSTS`` (space-separated; default: ``DOCKER_HOST`` or the local
    socket) with a sleeping container of the simulated server's image, and multiplied out to
@@ -381,8 +381,8 @@ def engines() -> list[str]:
 def sleeping_container(docker_host: str) -> Iterator[str | None]:
     """A running container with the plugin's managed label on ``docker_host``; its id, or
     ``None`` when the engine or the image is not there."""
-    from pytest_specdecode.servers.docker_container import LABEL_MANAGED, SIM_IMAGE
-    from pytest_specdecode.servers.docker_engine import connect
+    from pytest_specdecode.servers.docker.container import LABEL_MANAGED, SIM_IMAGE
+    from pytest_specdecode.servers.docker.engine import connect
 
     try:
         client = connect(docker_host)
@@ -415,7 +415,7 @@ def sleeping_container(docker_host: str) -> Iterator[str | None]:
 
 
 def bench_engine_round_trip(repeats: int) -> None:
-    from pytest_specdecode.servers.docker_recorded import docker_server_alive
+    from pytest_specdecode.servers.docker.recorded import docker_server_alive
 
     rows = []
     for docker_host in engines():

@@ -49,7 +49,7 @@ from tabulate import tabulate
 
 from pytest_specdecode.client import MeasurementClient
 from pytest_specdecode.metrics import compute_run_metrics
-from pytest_specdecode.records import RunRecord
+from pytest_specdecode.request_log import RunRecord
 from pytest_specdecode.servers.readiness import wait_until_ready
 from pytest_specdecode.workloads import Workload, resolve_workload
 

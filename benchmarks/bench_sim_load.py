@@ -25,7 +25,7 @@ Per condition it prints:
   each run (prefill plus one verify cycle per ``spec_verify_ct``; needs ``--noise-cv 0``) over
   the server's and the client's time, minus one. Acceptance luck cancels, so these say what
   the machine does to each side's timing;
-* what the plugin records (:class:`~pytest_specdecode.machine_load.LoadSampler`, the same
+* what the plugin records (:class:`~pytest_specdecode.session.machine_load.LoadSampler`, the same
   sampler the plugin runs around each test's runs): ``load/CPU`` (the run queue per CPU over
   the block, this benchmark's client and sim included, the figure the plugin's warning rule
   compares), ``loadavg/CPU`` (1-minute load average at the end of the block, which lags a
@@ -55,10 +55,10 @@ from pathlib import Path
 from tabulate import tabulate
 
 from pytest_specdecode.client import MeasurementClient
-from pytest_specdecode.machine_load import LoadSampler
 from pytest_specdecode.metrics import compute_run_metrics
-from pytest_specdecode.records import RunRecord
+from pytest_specdecode.request_log import RunRecord
 from pytest_specdecode.servers.readiness import wait_until_ready
+from pytest_specdecode.session.machine_load import LoadSampler
 from pytest_specdecode.sim import model
 from pytest_specdecode.workloads import Workload, resolve_workload
 

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 from tabulate import tabulate
 
-from pytest_specdecode.launches import LaunchPrior, prior_from_history
-from pytest_specdecode.sequential import SequentialPlan
 from pytest_specdecode.settings import OPTIONS_BY_NAME
-from pytest_specdecode.stats import Verdict, compare
+from pytest_specdecode.stats.comparison import Verdict, compare
+from pytest_specdecode.stats.sequential import SequentialPlan
+from pytest_specdecode.stats.two_level import LaunchPrior, prior_from_history
 
 LEVEL = 88.8  # tok/s, the seed's NCCL-tuned baseline
 MARGIN = -0.02

@@ -44,7 +44,7 @@ from pytest_specdecode.workloads import APIS, Workload
 
 if TYPE_CHECKING:
     from pytest_specdecode.client import MeasurementClient
-    from pytest_specdecode.records import RunRecord
+    from pytest_specdecode.request_log import RunRecord
 
 # (substring of a log line, the phase it starts[, the phase of its 2nd occurrence]) for SGLang
 # 0.5.6 through 0.5.23, read in their sources and in real 0.5.15's log. The last matching line

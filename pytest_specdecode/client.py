@@ -34,8 +34,8 @@ from pytest_specdecode.adapters import (
     excerpt,
 )
 from pytest_specdecode.errors import ConfigError, RequestError
-from pytest_specdecode.records import RequestRecord, RunRecord
 from pytest_specdecode.redaction import redact_url
+from pytest_specdecode.request_log import RequestRecord, RunRecord
 from pytest_specdecode.workloads import Prompt, Workload
 
 _T = TypeVar("_T")

@@ -50,7 +50,7 @@ from types import MappingProxyType
 import numpy as np
 
 from pytest_specdecode.errors import RequestError
-from pytest_specdecode.records import RequestRecord, RunRecord
+from pytest_specdecode.request_log import RequestRecord, RunRecord
 
 
 @dataclass(frozen=True)

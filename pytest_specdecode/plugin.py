@@ -2,7 +2,7 @@
 
 Options and ini keys come from :data:`pytest_specdecode.settings.OPTIONS`; the marker is parsed
 by :mod:`pytest_specdecode.markers`; servers, measurement and verdicts live in
-:mod:`pytest_specdecode.session`. This module turns their errors into pytest outcomes.
+:mod:`pytest_specdecode.session.orchestrator`. This module turns their errors into pytest outcomes.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pytest_specdecode.result import SpecdecodeResult, TestError
 from pytest_specdecode.servers.cleanup import finish_run
 from pytest_specdecode.servers.handle import ServerCounts, ServerHandle
 from pytest_specdecode.servers.readiness import Progress
-from pytest_specdecode.session import SpecdecodeSession, SpecdecodeTest
+from pytest_specdecode.session.orchestrator import SpecdecodeSession, SpecdecodeTest
 from pytest_specdecode.settings import OPTIONS, Settings, project_test_id, resolve
 from pytest_specdecode.verdict import Outcome
 

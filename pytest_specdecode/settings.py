@@ -414,7 +414,7 @@ class Settings:
     the default and how it was found."""
     machine_load: float | str = "measure"
     """``"measure"``, ``"off"``, or a declared load in runnable tasks per CPU
-    (:mod:`pytest_specdecode.machine_load`)."""
+    (:mod:`pytest_specdecode.session.machine_load`)."""
 
 
 DEFAULT_CONFIG = Path("perf_tests/specdecode.toml")

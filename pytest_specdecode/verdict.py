@@ -1,11 +1,10 @@
 """From a test's thresholds, its measured samples and the baselines to one outcome and message.
 
-Each :class:`Threshold` (a marker's demand, parsed in :mod:`pytest_specdecode.markers`) becomes
-a :class:`Check`: a statistical comparison (:mod:`pytest_specdecode.stats`) when a comparable
-baseline exists, or the reason it cannot be compared (no baseline, a hard fingerprint mismatch,
-a metric the run did not produce).
-The test's outcome is the worst of its checks, in this order: a mismatch (never compared
-silently), a FAIL, a missing baseline, INCONCLUSIVE, PASS.
+Each :class:`Threshold` (a marker's demand, parsed in :mod:`pytest_specdecode.markers`) becomes a
+:class:`Check`: a statistical comparison (:mod:`pytest_specdecode.stats.comparison`) when a
+comparable baseline exists, or the reason it cannot be compared (no baseline, a hard fingerprint
+mismatch, a metric the run did not produce). The test's outcome is the worst of its checks, in this
+order: a mismatch (never compared silently), a FAIL, a missing baseline, INCONCLUSIVE, PASS.
 """
 
 from __future__ import annotations
@@ -14,9 +13,15 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pytest_specdecode.launches import LaunchPrior
 from pytest_specdecode.metrics import METRICS
-from pytest_specdecode.stats import Comparison, Verdict, compare, confidence_text, mde_text
+from pytest_specdecode.stats.comparison import (
+    Comparison,
+    Verdict,
+    compare,
+    confidence_text,
+    mde_text,
+)
+from pytest_specdecode.stats.two_level import LaunchPrior
 
 
 class Outcome(str, enum.Enum):
@@ -140,7 +145,7 @@ def evaluate(
 ) -> tuple[Check, ...]:
     """One :class:`Check` per threshold. ``priors`` holds the launch variance from history per
     (reference, metric); ``alpha_no_change`` and ``warn_single_launch`` go to
-    :func:`~pytest_specdecode.stats.compare`."""
+    :func:`~pytest_specdecode.stats.comparison.compare`."""
     checks = []
     for threshold in thresholds:
         ref = refs[threshold.reference]

@@ -8,7 +8,7 @@ are none.
 
 from __future__ import annotations
 
-from pytest_specdecode.baselines.record import BaselineRecord
+from pytest_specdecode.baselines.baseline import BaselineRecord
 from pytest_specdecode.baselines.refs import BaselineLookup
 from pytest_specdecode.baselines.store import BaselineStore, BaselineUpdate
 from pytest_specdecode.verdict import BaselineRef

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pytest_specdecode.baselines.record import BaselineRecord, check_fingerprint
+from pytest_specdecode.baselines.baseline import BaselineRecord, check_fingerprint
 from pytest_specdecode.baselines.store import BaselineStore
 from pytest_specdecode.errors import BaselineError
 from pytest_specdecode.fingerprint import Fingerprint

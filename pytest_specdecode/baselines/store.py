@@ -1,6 +1,6 @@
 """The baseline store: one reviewable JSON file per test and hardware key.
 
-Each file holds one :class:`~pytest_specdecode.baselines.record.BaselineRecord`, pretty-printed
+Each file holds one :class:`~pytest_specdecode.baselines.baseline.BaselineRecord`, pretty-printed
 with sorted keys and one sample per line, so ``git diff`` of a re-recorded baseline is a review.
 
 Layout (see :meth:`BaselineStore.path_for`)::
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import filelock
 
-from pytest_specdecode.baselines.record import (
+from pytest_specdecode.baselines.baseline import (
     BaselineFileError,
     BaselineRecord,
     check_fingerprint,
@@ -34,8 +34,8 @@ from pytest_specdecode.baselines.record import (
 )
 from pytest_specdecode.errors import BaselineError
 from pytest_specdecode.files import atomic_write_text, move_aside, remove_stale_temp_files
-from pytest_specdecode.samples import describe
 from pytest_specdecode.settings import default_state_dir
+from pytest_specdecode.stats.samples import describe
 
 METRIC_UNITS: Mapping[str, str] = {
     "tok_s": "tok/s",

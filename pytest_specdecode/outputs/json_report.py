@@ -34,7 +34,7 @@ from pytest_specdecode.files import atomic_write_text
 from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.redaction import redact_json
 from pytest_specdecode.result import SpecdecodeResult
-from pytest_specdecode.samples import describe
+from pytest_specdecode.stats.samples import describe
 from pytest_specdecode.verdict import Outcome
 
 REPORT_SCHEMA_VERSION = 1
@@ -65,7 +65,8 @@ SESSION_KEYS = (
 
 def metric_summary(values: Sequence[float]) -> dict[str, float | None]:
     """n, mean, std (ddof=1), CV and the 95% t interval of the mean of one metric's per-run
-    values (:func:`~pytest_specdecode.samples.describe`; one run has no std, CV or interval)."""
+    values (:func:`~pytest_specdecode.stats.samples.describe`; one run has no std, CV or
+    interval)."""
     d = describe(values)
     return {
         "n": d.n,

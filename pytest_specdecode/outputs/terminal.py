@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from tabulate import tabulate
 
 from pytest_specdecode.result import SpecdecodeResult
-from pytest_specdecode.samples import describe
+from pytest_specdecode.stats.samples import describe
 from pytest_specdecode.verdict import Outcome
 
 SIMULATED_BANNER = (

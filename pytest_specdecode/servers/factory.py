@@ -46,8 +46,8 @@ def make_launcher(
         return expand_secret_references(argv, env, profile=profile.name, source=profile.source)
 
     if profile.launcher == "docker":
-        from pytest_specdecode.servers.docker import DockerLauncher
-        from pytest_specdecode.servers.docker_engine import container_bind_host
+        from pytest_specdecode.servers.docker.engine import container_bind_host
+        from pytest_specdecode.servers.docker.launcher import DockerLauncher
 
         if profile.docker is None:
             raise ConfigError(f"profile {profile.name!r} uses launcher docker but has no image")
@@ -125,7 +125,7 @@ def _launch_env(profile: ServerProfile, env: Mapping[str, str]) -> dict[str, str
 
 def _image_id(image: str, docker_host: str | None, tls: EngineTLS | None) -> str | None:
     try:
-        from pytest_specdecode.servers.docker_engine import connect
+        from pytest_specdecode.servers.docker.engine import connect
 
         client = connect(docker_host, tls)
         try:
@@ -149,7 +149,7 @@ def identity_serves(identity: ServerIdentity) -> bool | None:
 
 def identity_alive(identity: ServerIdentity) -> bool:
     if identity.get("kind") == "docker":
-        from pytest_specdecode.servers.docker_recorded import docker_server_alive
+        from pytest_specdecode.servers.docker.recorded import docker_server_alive
 
         return docker_server_alive(identity)
     pid = identity.get("pid")
@@ -163,7 +163,7 @@ def identity_alive(identity: ServerIdentity) -> bool:
 def stop_identity(identity: ServerIdentity, *, grace: float) -> bool:
     """Stop a recorded server; ``False`` when it could not be (its engine did not answer)."""
     if identity.get("kind") == "docker":
-        from pytest_specdecode.servers.docker_recorded import stop_docker_server
+        from pytest_specdecode.servers.docker.recorded import stop_docker_server
 
         return stop_docker_server(identity, grace)
     pid = identity.get("pid")

@@ -21,9 +21,9 @@ import docker.errors
 import pytest
 
 from pytest_specdecode.errors import ServerStartError
-from pytest_specdecode.servers.docker import DockerLauncher
-from pytest_specdecode.servers.docker_container import LABEL_FINGERPRINT, LABEL_PROFILE
-from pytest_specdecode.servers.docker_engine import connect
+from pytest_specdecode.servers.docker.container import LABEL_FINGERPRINT, LABEL_PROFILE
+from pytest_specdecode.servers.docker.engine import connect
+from pytest_specdecode.servers.docker.launcher import DockerLauncher
 from pytest_specdecode.servers.launcher import find_free_port
 
 SIM_IMAGE = "pytest-specdecode-sim:local"

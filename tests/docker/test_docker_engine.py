@@ -21,13 +21,13 @@ import pytest
 
 from pytest_specdecode.backends import SGLANG_PHASES
 from pytest_specdecode.errors import ServerStartError
-from pytest_specdecode.servers.docker import VANISHED_EXIT_CODE, DockerLauncher
-from pytest_specdecode.servers.docker_container import (
+from pytest_specdecode.servers.docker.container import (
     LABEL_FINGERPRINT,
     LABEL_MANAGED,
     LABEL_PROFILE,
 )
-from pytest_specdecode.servers.docker_recorded import docker_server_alive, stop_docker_server
+from pytest_specdecode.servers.docker.launcher import VANISHED_EXIT_CODE, DockerLauncher
+from pytest_specdecode.servers.docker.recorded import docker_server_alive, stop_docker_server
 from pytest_specdecode.servers.launcher import find_free_port, port_in_use
 from pytest_specdecode.servers.readiness import LogTail, Progress, wait_until_ready
 

@@ -15,21 +15,21 @@ import pytest
 
 from pytest_specdecode.errors import EngineUnreachableError, ServerStartError
 from pytest_specdecode.fleet import EngineTLS
-from pytest_specdecode.servers.docker import DockerLauncher
-from pytest_specdecode.servers.docker_container import (
+from pytest_specdecode.servers.docker.container import (
     LABEL_FINGERPRINT,
     LABEL_MANAGED,
     LABEL_PROFILE,
     container_name,
     device_requests,
 )
-from pytest_specdecode.servers.docker_engine import (
+from pytest_specdecode.servers.docker.engine import (
     connect,
     container_bind_host,
     engine_hostname,
     unreachable_message,
 )
-from pytest_specdecode.servers.docker_recorded import docker_server_alive, stop_docker_server
+from pytest_specdecode.servers.docker.launcher import DockerLauncher
+from pytest_specdecode.servers.docker.recorded import docker_server_alive, stop_docker_server
 from pytest_specdecode.servers.launcher import Launcher, redact_argv
 
 
@@ -275,7 +275,8 @@ def test_a_failed_tls_handshake_says_which_certificates_to_check(tmp_path: Path)
 
 def test_the_module_does_not_import_pytest() -> None:
     code = (
-        "import sys, pytest_specdecode.servers.docker, pytest_specdecode.servers.docker_recorded; "
+        "import sys, pytest_specdecode.servers.docker.launcher, "
+        "pytest_specdecode.servers.docker.recorded; "
         "sys.exit('pytest' in sys.modules or '_pytest' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

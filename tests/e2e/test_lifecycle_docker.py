@@ -30,8 +30,8 @@ from docker.models.containers import Container
 
 from pytest_specdecode.errors import ServerStartError
 from pytest_specdecode.profiles.profile import DockerOptions, ServerProfile
-from pytest_specdecode.servers.docker_container import LABEL_MANAGED, LABEL_PROFILE
-from pytest_specdecode.servers.docker_engine import connect
+from pytest_specdecode.servers.docker.container import LABEL_MANAGED, LABEL_PROFILE
+from pytest_specdecode.servers.docker.engine import connect
 from pytest_specdecode.servers.pool import ServerPool
 
 SIM_IMAGE = "pytest-specdecode-sim:local"

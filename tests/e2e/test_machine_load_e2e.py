@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 FAKE_LOAD_CONFTEST = """
 import os
 
-from pytest_specdecode import machine_load
+from pytest_specdecode.session import machine_load
 
 # Runnable tasks on a 2-CPU machine, as the sampler would read them (itself included).
 machine_load.read_running = lambda: int(os.environ["FAKE_RUNNABLE"])

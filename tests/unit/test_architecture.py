@@ -36,8 +36,10 @@ def test_the_history_readers_load_no_server_pool_client_or_pytest(statement: str
     forbidden = {
         name
         for name in loaded
-        if name.startswith(("pytest_specdecode.servers", "httpx", "_pytest"))
-        or name in {"pytest", "pytest_specdecode.client", "pytest_specdecode.session"}
+        if name.startswith(
+            ("pytest_specdecode.servers", "pytest_specdecode.session", "httpx", "_pytest")
+        )
+        or name in {"pytest", "pytest_specdecode.client"}
     }
     assert forbidden == set()
 

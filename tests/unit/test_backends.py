@@ -30,7 +30,7 @@ from pytest_specdecode.client import MeasurementClient
 from pytest_specdecode.errors import ConfigError, RequestError
 from pytest_specdecode.profiles import ServerProfile
 from pytest_specdecode.profiles.llamacpp import LlamaCppOptions, LlamaCppSpeculative
-from pytest_specdecode.records import RequestRecord, RunRecord
+from pytest_specdecode.request_log import RequestRecord, RunRecord
 from pytest_specdecode.servers.launcher import find_free_port
 from pytest_specdecode.servers.readiness import LogTail
 from pytest_specdecode.workloads import Prompt, Workload

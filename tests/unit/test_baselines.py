@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 
 from pytest_specdecode import __version__
-from pytest_specdecode.baselines.record import (
+from pytest_specdecode.baselines.baseline import (
     SCHEMA_PATH,
     SCHEMA_VERSION,
     BaselineRecord,
@@ -29,8 +29,13 @@ from pytest_specdecode.baselines.refs import OWN, BaselineLookup
 from pytest_specdecode.baselines.store import BaselineStore, BaselineUpdate
 from pytest_specdecode.errors import BaselineError, ConfigError
 from pytest_specdecode.fingerprint import Fingerprint
-from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpus, hardware_key
 from pytest_specdecode.redaction import REDACTED, is_secret_name, redact
+from pytest_specdecode.session.provenance import (
+    GpuInfo,
+    collect_provenance,
+    detect_gpus,
+    hardware_key,
+)
 
 TEST_ID = "perf_tests/test_seed.py::test_eagle3_2step"
 HW = "8xNVIDIA-RTX-PRO-6000-Blackwell"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode import sequential
-from pytest_specdecode.calibration_cache import cache_dir, code_digest, memoized
-from pytest_specdecode.sequential import SequentialPlan
+from pytest_specdecode.stats import sequential
+from pytest_specdecode.stats.calibration_cache import cache_dir, code_digest, memoized
+from pytest_specdecode.stats.sequential import SequentialPlan
 
 
 def test_a_stored_calibration_is_read_back_bit_for_bit_and_computed_once(tmp_path: Path):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specdecode import machine_load
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.machine_load import (
+from pytest_specdecode.session import machine_load
+from pytest_specdecode.session.machine_load import (
     LoadSampler,
     MachineLoad,
     comparison_warnings,

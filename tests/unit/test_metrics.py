@@ -6,7 +6,7 @@ import pytest
 
 from pytest_specdecode.errors import RequestError
 from pytest_specdecode.metrics import METRICS, RunMetrics, compute_run_metrics
-from pytest_specdecode.records import RequestRecord, RunRecord
+from pytest_specdecode.request_log import RequestRecord, RunRecord
 
 
 def request(

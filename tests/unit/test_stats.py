@@ -17,10 +17,10 @@ from scipy import optimize
 from scipy import stats as scipy_stats
 
 from pytest_specdecode.errors import SpecdecodeError
-from pytest_specdecode.power_analysis import min_detectable_effect, required_runs
-from pytest_specdecode.samples import StatsInputError, describe, summarize
-from pytest_specdecode.sequential import SequentialPlan, run_sequential, sequential_verdicts
-from pytest_specdecode.stats import BOOTSTRAP_MIN_RUNS, Comparison, Verdict, compare
+from pytest_specdecode.stats.comparison import BOOTSTRAP_MIN_RUNS, Comparison, Verdict, compare
+from pytest_specdecode.stats.power_analysis import min_detectable_effect, required_runs
+from pytest_specdecode.stats.samples import StatsInputError, describe, summarize
+from pytest_specdecode.stats.sequential import SequentialPlan, run_sequential, sequential_verdicts
 
 CV = 0.03
 SIGMA = math.sqrt(math.log1p(CV * CV))  # sd of log values for a lognormal with CV 3 %

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from pytest_specdecode.stats import compare, confidence_text
+from pytest_specdecode.stats.comparison import compare, confidence_text
 from pytest_specdecode.verdict import (
     BaselineRef,
     Outcome,

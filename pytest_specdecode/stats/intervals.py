@@ -1,10 +1,10 @@
 """Each method's interval of current/baseline: two one-sided bounds and both p-values.
 
 Each function answers on the signed log scale (the log of the higher-is-better ratio, so the
-threshold is ``log1p(margin)``) with a :class:`LogInterval`. Which method answers, the verdict
-drawn from its bounds, the no-change guard and the MDE are decided in
-:func:`pytest_specdecode.stats.compare`; the arithmetic of each method lives here, apart from
-those decisions, so either can be read without the other.
+threshold is ``log1p(margin)``) with a :class:`LogInterval`. Which method answers, the verdict drawn
+from its bounds, the no-change guard and the MDE are decided in
+:func:`pytest_specdecode.stats.comparison.compare`; the arithmetic of each method lives here, apart
+from those decisions, so either can be read without the other.
 
 - ``welch-log`` (default): Welch's t on log values, so the interval is for the ratio of geometric
   means and maps straight onto a relative margin; per-run throughput at a CV of a few percent is
@@ -32,7 +32,8 @@ those decisions, so either can be read without the other.
 - ``exact``: used automatically when both sides have at least 2 runs and no variation at all
   (accept length at temperature 0 can be deterministic): the ratio is known, the bounds equal it,
   p is 0 or 1, and the MDE is 0.
-- ``two-level``: the t interval of :mod:`pytest_specdecode.launches`' estimate, when the baseline
+- ``two-level``: the t interval of :mod:`pytest_specdecode.stats.two_level`' estimate, when the
+  baseline
   spans launches or the history gives a launch variance (:func:`t_interval`).
 """
 
@@ -47,9 +48,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pytest_specdecode.distributions import norm_cdf, norm_isf, norm_sf, t_cdf, t_isf, t_sf
-from pytest_specdecode.lazy import LazyModule
-from pytest_specdecode.welch import log_variance, welch_terms
+from pytest_specdecode.stats.distributions import norm_cdf, norm_isf, norm_sf, t_cdf, t_isf, t_sf
+from pytest_specdecode.stats.lazy import LazyModule
+from pytest_specdecode.stats.welch import log_variance, welch_terms
 
 # scipy is imported at the first comparison, not when pytest loads the plugin (lazy.py says why);
 # scipy.stats only for the bootstrap (distributions.py says why)

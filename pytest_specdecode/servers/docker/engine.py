@@ -1,9 +1,9 @@
 """The Docker engine: which one a container runs on, how to reach it, what to say when it can't.
 
-Apart from the container lifecycle (:mod:`~pytest_specdecode.servers.docker`) because more than a
-launcher talks to an engine, and all of it through :func:`connect`: the build reads an image's id
-before a launch, and a later session checks and stops the containers an earlier one recorded
-(:mod:`~pytest_specdecode.servers.docker_recorded`).
+Apart from the container lifecycle (:mod:`~pytest_specdecode.servers.docker.launcher`) because more
+than a launcher talks to an engine, and all of it through :func:`connect`: the build reads an
+image's id before a launch, and a later session checks and stops the containers an earlier one
+recorded (:mod:`~pytest_specdecode.servers.docker.recorded`).
 
 The engine is the one ``DOCKER_HOST`` names, with ``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``, as
 :func:`docker.from_env` reads them, unless a host of the fleet names its own engine and, over

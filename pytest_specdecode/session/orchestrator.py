@@ -5,12 +5,13 @@ The plugin (pytest wiring) creates one :class:`SpecdecodeSession` per process an
 module never imports pytest. The session owns what lasts the whole run: the profile file and its
 target, where each profile is placed, the servers (the pool, or ``--server-host``), what was
 collected, the results, the baseline updates and the warnings. Measuring one test is
-:class:`~pytest_specdecode.measurement.Measurer`'s (its data path reads straight: server →
-client → metrics → stats against baselines → verdict → :class:`SpecdecodeResult`), the requests
-sent to a server go through :class:`~pytest_specdecode.runner.ServerRunner`, and a baseline's
-further server launches are done by :class:`~pytest_specdecode.recording.BaselineLaunches`.
-What differs between SGLang and llama.cpp servers is asked of the profile's
-:class:`~pytest_specdecode.backends.Backend`, never decided here.
+:class:`~pytest_specdecode.session.measurement.Measurer`'s (its data path reads straight: server →
+client → metrics → stats against baselines → verdict → :class:`SpecdecodeResult`), the requests sent
+to a server go through :class:`~pytest_specdecode.session.runner.ServerRunner`, and a baseline's
+further server launches are done by
+:class:`~pytest_specdecode.session.baseline_launches.BaselineLaunches`. What differs between SGLang
+and llama.cpp servers is asked of the profile's :class:`~pytest_specdecode.backends.Backend`, never
+decided here.
 """
 
 from __future__ import annotations
@@ -24,22 +25,32 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pytest_specdecode.baselines.record import BaselineRecord
+from pytest_specdecode.baselines.baseline import BaselineRecord
 from pytest_specdecode.baselines.store import BaselineStore, BaselineUpdate
 from pytest_specdecode.errors import BaselineError, ConfigError, ServerError, ServerStartError
 from pytest_specdecode.fleet import EngineTLS, Need, Placement, device_gpus, engine, place
 from pytest_specdecode.markers import MarkerSpec
-from pytest_specdecode.measurement import Measurer
 from pytest_specdecode.profiles.loader import load_profiles
 from pytest_specdecode.profiles.profile import ProfileFile, ServerProfile
-from pytest_specdecode.provenance import GpuInfo, collect_provenance, detect_gpus, hardware_key
-from pytest_specdecode.recording import BaselineLaunches, whole_launches
 from pytest_specdecode.result import SpecdecodeResult
-from pytest_specdecode.runner import ServerRunner
-from pytest_specdecode.server_host import SGLANG_DEFAULT_PORT, attach, attach_url, attached_target
+from pytest_specdecode.servers.attach import (
+    SGLANG_DEFAULT_PORT,
+    attach,
+    attach_url,
+    attached_target,
+)
 from pytest_specdecode.servers.handle import ServerCounts, ServerHandle
 from pytest_specdecode.servers.pool import ServerPool
 from pytest_specdecode.servers.readiness import DEFAULT_READY_GRACE, Progress
+from pytest_specdecode.session.baseline_launches import BaselineLaunches, whole_launches
+from pytest_specdecode.session.measurement import Measurer
+from pytest_specdecode.session.provenance import (
+    GpuInfo,
+    collect_provenance,
+    detect_gpus,
+    hardware_key,
+)
+from pytest_specdecode.session.runner import ServerRunner
 from pytest_specdecode.settings import Settings
 from pytest_specdecode.verdict import Outcome
 from pytest_specdecode.workloads import Workload, resolve_workload

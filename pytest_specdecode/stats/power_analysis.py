@@ -9,10 +9,11 @@ variances, which carries the randomness of Welch's df; the noncentral t with a f
 needs about 5 % more runs, ARE 3/pi). When MDE > |margin|, even an unchanged build cannot be told
 from the threshold, and a warning says so with the number of runs that would.
 
-Every comparison (:func:`pytest_specdecode.stats.compare`) reports its MDE, so this module sits
-below it: it needs only the input checks (:mod:`pytest_specdecode.samples`) and Welch's terms
-(:mod:`pytest_specdecode.welch`), never the comparison. A baseline spanning launches plans with
-the two-level standard error of :mod:`pytest_specdecode.launches` instead (:func:`two_level_mde`).
+Every comparison (:func:`pytest_specdecode.stats.comparison.compare`) reports its MDE, so this
+module sits below it: it needs only the input checks (:mod:`pytest_specdecode.stats.samples`) and
+Welch's terms (:mod:`pytest_specdecode.stats.welch`), never the comparison. A baseline spanning
+launches plans with the two-level standard error of :mod:`pytest_specdecode.stats.two_level` instead
+(:func:`two_level_mde`).
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pytest_specdecode.distributions import chi2_ppf, norm_cdf, norm_ppf, t_isf
-from pytest_specdecode.launches import TwoLevelInterval
-from pytest_specdecode.lazy import LazyModule
-from pytest_specdecode.samples import StatsInputError, check_alpha
-from pytest_specdecode.welch import log_variance, welch_terms
+from pytest_specdecode.stats.distributions import chi2_ppf, norm_cdf, norm_ppf, t_isf
+from pytest_specdecode.stats.lazy import LazyModule
+from pytest_specdecode.stats.samples import StatsInputError, check_alpha
+from pytest_specdecode.stats.two_level import TwoLevelInterval
+from pytest_specdecode.stats.welch import log_variance, welch_terms
 
 # scipy is imported at the first comparison, not when pytest loads the plugin (lazy.py says why)
 optimize: Any = LazyModule("scipy.optimize")

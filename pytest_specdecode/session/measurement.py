@@ -5,7 +5,7 @@ baselines (the test's own and its ``against=`` profiles', found by hardware key,
 workload) → warm-up and runs through the client → metrics → a verdict at each look of the
 sequential plan, adding runs while a check is undecided → one :class:`SpecdecodeResult`. With
 ``--update-baselines`` the runs are recorded instead, and the baseline launches still owed are
-handed to :class:`~pytest_specdecode.recording.BaselineLaunches`.
+handed to :class:`~pytest_specdecode.session.baseline_launches.BaselineLaunches`.
 
 What the session knows (its profiles and hosts, what was collected, the repository and GPUs for
 the provenance) comes in as callables, so this module needs nothing of session.py.
@@ -20,23 +20,27 @@ from pytest_specdecode.backends import backend_for
 from pytest_specdecode.baselines.refs import OWN, BaselineLookup
 from pytest_specdecode.baselines.store import BaselineStore
 from pytest_specdecode.fingerprint import Fingerprint
-from pytest_specdecode.launches import LaunchPrior, prior_for
-from pytest_specdecode.machine_load import LoadSampler, comparison_warnings, recording_warning
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.profiles.profile import ServerProfile
-from pytest_specdecode.recording import (
+from pytest_specdecode.result import SpecdecodeResult, check_json
+from pytest_specdecode.servers.handle import ServerHandle
+from pytest_specdecode.servers.pool import ServerPool
+from pytest_specdecode.session.baseline_launches import (
     BaselineLaunches,
     PendingLaunches,
     launches_for,
     recording_outcome,
 )
-from pytest_specdecode.result import SpecdecodeResult, check_json
-from pytest_specdecode.runner import ServerRunner
-from pytest_specdecode.sequential import SequentialPlan
-from pytest_specdecode.servers.handle import ServerHandle
-from pytest_specdecode.servers.pool import ServerPool
+from pytest_specdecode.session.machine_load import (
+    LoadSampler,
+    comparison_warnings,
+    recording_warning,
+)
+from pytest_specdecode.session.runner import ServerRunner
 from pytest_specdecode.settings import Settings
-from pytest_specdecode.stats import Verdict
+from pytest_specdecode.stats.comparison import Verdict
+from pytest_specdecode.stats.sequential import SequentialPlan
+from pytest_specdecode.stats.two_level import LaunchPrior, prior_for
 from pytest_specdecode.verdict import Check, Outcome, evaluate, message, outcome_of
 from pytest_specdecode.workloads import Workload
 

@@ -12,7 +12,8 @@ Decisions where the design was silent:
   from the samples and the hard fields, so a hand-edited sample cannot disagree with its summary.
 * Unknown top-level keys are an error, not ignored: a field this version does not understand
   would otherwise be dropped silently on the next ``--update-baselines``.
-* Secrets are redacted twice: in :func:`~pytest_specdecode.provenance.collect_provenance` and
+* Secrets are redacted twice: in :func:`~pytest_specdecode.session.provenance.collect_provenance`
+  and
   again when a record is built, over every JSON object key, ``NAME=value`` string and
   ``--flag value`` pair in provenance and fingerprint (a profile's ``--api-key`` argument must
   not reach git either).
@@ -30,7 +31,7 @@ from pytest_specdecode import __version__
 from pytest_specdecode.errors import BaselineError
 from pytest_specdecode.fingerprint import FieldDifference, Fingerprint, JSONValue
 from pytest_specdecode.redaction import redact_json
-from pytest_specdecode.samples import describe
+from pytest_specdecode.stats.samples import describe
 
 SCHEMA_VERSION = 2
 """Version of the baseline file layout; bumped whenever a reader of the old layout would

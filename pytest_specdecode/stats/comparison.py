@@ -14,26 +14,26 @@ decided by floating-point rounding) counts for PASS: "may be at most 3 % worse" 
 it has to be broken one way or the other (constant samples).
 
 **Methods.** ``welch-log`` (default), ``bootstrap`` and ``rank``; ``exact`` is used automatically
-when both sides have at least 2 runs and no variation at all, and the two-level t interval when
-the baseline spans launches or a history prior is given (any method: the others have no launch
-level). ``bootstrap`` needs :data:`BOOTSTRAP_MIN_RUNS` runs per side and ``rank`` variation on
-both sides; short of that, ``welch-log`` answers, with a warning. How each method computes its
-interval, and why, is in :mod:`pytest_specdecode.intervals`; this module chooses the method and
-draws the verdict.
+when both sides have at least 2 runs and no variation at all, and the two-level t interval when the
+baseline spans launches or a history prior is given (any method: the others have no launch level).
+``bootstrap`` needs :data:`BOOTSTRAP_MIN_RUNS` runs per side and ``rank`` variation on both sides;
+short of that, ``welch-log`` answers, with a warning. How each method computes its interval, and
+why, is in :mod:`pytest_specdecode.stats.intervals`; this module chooses the method and draws the
+verdict.
 
 **Degenerate samples.** One constant side (with the other varying) needs no special case: Welch's
 standard error and degrees of freedom reduce to the one-sample t on the varying side, and a note
 says so. A side with a single run carries no information on run-to-run variance, so no interval can
 be formed: the verdict is INCONCLUSIVE with bounds (0, inf), p = 1 and a warning, never a crash.
 Values must be finite and > 0 (every metric here is a rate or a duration): anything else raises
-:class:`~pytest_specdecode.samples.StatsInputError` naming the side, the run and the value.
+:class:`~pytest_specdecode.stats.samples.StatsInputError` naming the side, the run and the value.
 
 **Minimum detectable effect.** Every comparison reports the MDE of its design, and an undecided
 one whose MDE exceeds its margin says so with the number of runs that would decide it:
-:mod:`pytest_specdecode.power_analysis`.
+:mod:`pytest_specdecode.stats.power_analysis`.
 
 Repeated looks at a growing sample (the adaptive extra runs) are in
-:mod:`pytest_specdecode.sequential`.
+:mod:`pytest_specdecode.stats.sequential`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from pytest_specdecode.intervals import (
+from pytest_specdecode.stats.intervals import (
     TIE_TOLERANCE,
     LogInterval,
     bootstrap_interval,
@@ -58,14 +58,13 @@ from pytest_specdecode.intervals import (
     welch_log_interval,
     with_note,
 )
-from pytest_specdecode.launches import LaunchPrior, two_level
-from pytest_specdecode.power_analysis import (
+from pytest_specdecode.stats.power_analysis import (
     mde_design,
     mde_warning,
     min_detectable_effect,
     two_level_mde,
 )
-from pytest_specdecode.samples import (
+from pytest_specdecode.stats.samples import (
     SampleSummary,
     StatsInputError,
     check_alpha,
@@ -74,6 +73,7 @@ from pytest_specdecode.samples import (
     positive_values,
     summarize,
 )
+from pytest_specdecode.stats.two_level import LaunchPrior, two_level
 
 __all__ = [
     "BOOTSTRAP_MIN_RUNS",
@@ -185,11 +185,11 @@ def compare(
     """Compare per-run values of the current build with the baseline's against a signed margin.
 
     ``alpha`` is the one-sided error rate of this one look (repeated looks:
-    :class:`~pytest_specdecode.sequential.SequentialPlan`); ``seed`` and ``n_resamples`` only
+    :class:`~pytest_specdecode.stats.sequential.SequentialPlan`); ``seed`` and ``n_resamples`` only
     matter for ``method="bootstrap"``.
 
     ``launch_runs`` (runs per baseline launch) and ``prior`` (the launch variance from earlier
-    nights) switch to the two-level model of :mod:`pytest_specdecode.launches`: the current
+    nights) switch to the two-level model of :mod:`pytest_specdecode.stats.two_level`: the current
     runs are one launch, and launch-to-launch variance is in the interval. ``alpha_no_change``
     (for a negative margin) is the no-change guard: a FAIL also needs the current build to be
     worse than the baseline itself at that level, so an unchanged build fails at most that

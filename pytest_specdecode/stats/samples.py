@@ -1,12 +1,12 @@
 """What every statistic starts from: per-run values checked and described, alpha and margin checked.
 
-A comparison (:mod:`pytest_specdecode.stats`), the power analysis
-(:mod:`pytest_specdecode.power_analysis`) and the sequential plan
-(:mod:`pytest_specdecode.sequential`) all refuse bad input the same way, with
+A comparison (:mod:`pytest_specdecode.stats.comparison`), the power analysis
+(:mod:`pytest_specdecode.stats.power_analysis`) and the sequential plan
+(:mod:`pytest_specdecode.stats.sequential`) all refuse bad input the same way, with
 :class:`StatsInputError`: a per-run value must be finite and > 0 (every metric here is a rate or
 a duration), and the error names the side, the run and the value. Baselines, reports and the
 terminal table summarise a sample with the one :func:`describe`, so a single run or constant runs
-read the same everywhere. This module needs only :mod:`pytest_specdecode.distributions`, so it
+read the same everywhere. This module needs only :mod:`pytest_specdecode.stats.distributions`, so it
 sits below all of them: the power analysis checks its inputs without importing the comparison.
 """
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from pytest_specdecode.distributions import t_ppf
 from pytest_specdecode.errors import SpecdecodeError
+from pytest_specdecode.stats.distributions import t_ppf
 
 __all__ = [
     "SampleSummary",

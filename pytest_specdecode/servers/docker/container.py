@@ -1,11 +1,11 @@
 """What the ``docker`` launcher asks of a container, and how it names and describes one.
 
-The labels that mark a container as ours and say what it runs (its profile and fingerprint),
-a valid container name, GPUs as device requests, the environment with its secrets hidden for the
-log's header line, and the messages of a start the engine refused: the image is missing, or the
-container asks for GPUs the engine cannot give. Plain values and functions, no engine call: kept
-apart from :mod:`~pytest_specdecode.servers.docker` so the launcher reads as a lifecycle, and
-shared with :mod:`~pytest_specdecode.servers.docker_recorded`, which checks the labels.
+The labels that mark a container as ours and say what it runs (its profile and fingerprint), a valid
+container name, GPUs as device requests, the environment with its secrets hidden for the log's
+header line, and the messages of a start the engine refused: the image is missing, or the container
+asks for GPUs the engine cannot give. Plain values and functions, no engine call: kept apart from
+:mod:`~pytest_specdecode.servers.docker.launcher` so the launcher reads as a lifecycle, and shared
+with :mod:`~pytest_specdecode.servers.docker.recorded`, which checks the labels.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import docker.types
 from docker.models.containers import Container
 
 from pytest_specdecode.redaction import is_secret_name
-from pytest_specdecode.servers.docker_engine import describe_engine
+from pytest_specdecode.servers.docker.engine import describe_engine
 
 LABEL_MANAGED = "pytest-specdecode.managed"
 LABEL_FINGERPRINT = "pytest-specdecode.fingerprint"

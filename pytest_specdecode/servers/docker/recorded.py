@@ -1,11 +1,11 @@
 """Containers an earlier session recorded: whether one still serves, and stopping it.
 
-The pool keeps what :meth:`~pytest_specdecode.servers.docker.DockerLauncher.identity` returns in
-the machine-wide state file; a later session, with no launcher of its own, checks or stops the
-container from that record alone, on the engine and with the TLS it was launched with. Apart from
-the launcher because none is needed here: only the engine
-(:func:`~pytest_specdecode.servers.docker_engine.connect`) and the label that marks a container
-as ours.
+The pool keeps what :meth:`~pytest_specdecode.servers.docker.launcher.DockerLauncher.identity`
+returns in the machine-wide state file; a later session, with no launcher of its own, checks or
+stops the container from that record alone, on the engine and with the TLS it was launched with.
+Apart from the launcher because none is needed here: only the engine
+(:func:`~pytest_specdecode.servers.docker.engine.connect`) and the label that marks a container as
+ours.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import docker.errors
 
 from pytest_specdecode.errors import ServerStartError
 from pytest_specdecode.fleet import EngineTLS
-from pytest_specdecode.servers.docker_container import LABEL_MANAGED
-from pytest_specdecode.servers.docker_engine import ENGINE_DOWN, connect
+from pytest_specdecode.servers.docker.container import LABEL_MANAGED
+from pytest_specdecode.servers.docker.engine import ENGINE_DOWN, connect
 from pytest_specdecode.servers.launcher import ServerIdentity, wait_port_free
 
 log = logging.getLogger(__name__)

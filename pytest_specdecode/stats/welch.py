@@ -1,8 +1,8 @@
 """Welch's standard error and degrees of freedom, and the log variance they are fed with.
 
-The one piece of arithmetic that the comparison (:mod:`pytest_specdecode.intervals`' welch-log
-and bootstrap), the power analysis (:mod:`pytest_specdecode.power_analysis`, which integrates
-over Welch's df) and the sequential plan (:mod:`pytest_specdecode.sequential`, which simulates
+The one piece of arithmetic that the comparison (:mod:`pytest_specdecode.stats.intervals`' welch-log
+and bootstrap), the power analysis (:mod:`pytest_specdecode.stats.power_analysis`, which integrates
+over Welch's df) and the sequential plan (:mod:`pytest_specdecode.stats.sequential`, which simulates
 the Welch test at every look) must compute identically. It lives below all three, so the power
 analysis needs nothing of the comparison and the comparison can use the power analysis.
 """

@@ -1,4 +1,5 @@
-"""The two-level model: runs nested in server launches (pytest_specdecode.launches), and what it
+"""The two-level model: runs nested in server launches (pytest_specdecode.stats.two_level), and what
+it
 does to a comparison (stats.compare with launch_runs, a history prior, the no-change guard)."""
 
 from __future__ import annotations
@@ -8,14 +9,14 @@ import math
 import numpy as np
 import pytest
 
-from pytest_specdecode.launches import (
+from pytest_specdecode.settings import OPTIONS_BY_NAME
+from pytest_specdecode.stats.comparison import Verdict, compare
+from pytest_specdecode.stats.two_level import (
     LaunchPrior,
     prior_for,
     prior_from_history,
     two_level,
 )
-from pytest_specdecode.settings import OPTIONS_BY_NAME
-from pytest_specdecode.stats import Verdict, compare
 
 RNG_SEED = 20261201
 DEFAULT_ALPHA = float(OPTIONS_BY_NAME["alpha"].default)  # type: ignore[arg-type]

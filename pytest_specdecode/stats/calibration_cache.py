@@ -1,4 +1,4 @@
-"""A disk memo of the sequential plan's calibration (:mod:`pytest_specdecode.sequential`).
+"""A disk memo of the sequential plan's calibration (:mod:`pytest_specdecode.stats.sequential`).
 
 Calibrating a plan simulates 200,000 seeded paths of the Welch test at every look: 0.4-1.4 s of
 CPU for each distinct (looks, alpha, spending, baseline size), paid by every pytest process that

@@ -26,10 +26,10 @@ its image and id. The launcher never pulls an image: a missing image is a
 
 This module is the lifecycle of one container, :class:`DockerLauncher`, from :meth:`start` to
 :meth:`stop`. What needs no launcher lives next to it: reaching the engine, TLS included, in
-:mod:`~pytest_specdecode.servers.docker_engine`; the labels, name, GPUs and failure messages of
-a container in :mod:`~pytest_specdecode.servers.docker_container`; and a later session's checks
+:mod:`~pytest_specdecode.servers.docker.engine`; the labels, name, GPUs and failure messages of
+a container in :mod:`~pytest_specdecode.servers.docker.container`; and a later session's checks
 and stops of the containers an earlier one recorded in
-:mod:`~pytest_specdecode.servers.docker_recorded`.
+:mod:`~pytest_specdecode.servers.docker.recorded`.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from docker.models.containers import Container
 
 from pytest_specdecode.errors import EngineUnreachableError, ServerStartError
 from pytest_specdecode.fleet import EngineTLS
-from pytest_specdecode.servers.docker_container import (
+from pytest_specdecode.servers.docker.container import (
     LABEL_MANAGED,
     LABEL_PORT,
     container_name,
@@ -59,7 +59,7 @@ from pytest_specdecode.servers.docker_container import (
     redact_env,
     start_failure_message,
 )
-from pytest_specdecode.servers.docker_engine import (
+from pytest_specdecode.servers.docker.engine import (
     ENGINE_DOWN,
     LOOPBACK,
     connect,
@@ -291,8 +291,8 @@ class DockerLauncher:
 
     def identity(self) -> ServerIdentity:
         """What the pool's state file records, for a later session's
-        :func:`~pytest_specdecode.servers.docker_recorded.docker_server_alive` and
-        :func:`~pytest_specdecode.servers.docker_recorded.stop_docker_server`."""
+        :func:`~pytest_specdecode.servers.docker.recorded.docker_server_alive` and
+        :func:`~pytest_specdecode.servers.docker.recorded.stop_docker_server`."""
         return {
             "kind": self.kind,
             "container_id": self._container_id,

@@ -1,8 +1,8 @@
 """Repeated looks at a growing sample: how many runs, when to look, and at which alpha.
 
 The plugin takes ``runs`` measurements, judges them, and on INCONCLUSIVE takes more, up to
-``max_runs``. Each look is one :func:`pytest_specdecode.stats.compare`; this module decides the
-alpha of every look so that looking repeatedly does not inflate the error.
+``max_runs``. Each look is one :func:`pytest_specdecode.stats.comparison.compare`; this module
+decides the alpha of every look so that looking repeatedly does not inflate the error.
 
 **Sequential design.** Testing again after every extra run at the full alpha ("peeking") inflates
 the error: six looks at 5..10 runs, each at 0.05, FAIL a build that sits exactly on the threshold
@@ -38,11 +38,17 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from pytest_specdecode.calibration_cache import code_digest, memoized
-from pytest_specdecode.distributions import norm_isf, norm_sf, t_isf, t_sf
-from pytest_specdecode.samples import StatsInputError, check_alpha, check_margin
-from pytest_specdecode.stats import DEFAULT_RESAMPLES, Comparison, Verdict, compare, verdict_codes
-from pytest_specdecode.welch import welch_terms
+from pytest_specdecode.stats.calibration_cache import code_digest, memoized
+from pytest_specdecode.stats.comparison import (
+    DEFAULT_RESAMPLES,
+    Comparison,
+    Verdict,
+    compare,
+    verdict_codes,
+)
+from pytest_specdecode.stats.distributions import norm_isf, norm_sf, t_isf, t_sf
+from pytest_specdecode.stats.samples import StatsInputError, check_alpha, check_margin
+from pytest_specdecode.stats.welch import welch_terms
 
 __all__ = ["SPENDING_FUNCTIONS", "SequentialPlan", "run_sequential", "sequential_verdicts"]
 

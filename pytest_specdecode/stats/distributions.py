@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_specdecode.lazy import LazyModule
+from pytest_specdecode.stats.lazy import LazyModule
 
 special: Any = LazyModule("scipy.special")
 
