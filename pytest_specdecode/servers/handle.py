@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_specdecode.servers.factory import identity_alive
-from pytest_specdecode.servers.launcher import Launcher, ServerIdentity
+from pytest_specdecode.servers.launcher import Launcher
 from pytest_specdecode.servers.readiness import LogTail
 
 if TYPE_CHECKING:
@@ -83,14 +82,16 @@ class ServerHandle:
     log_path: Path | None = None
     ready_seconds: float | None = None
     launcher: Launcher | None = None
-    identity: ServerIdentity = field(default_factory=dict)
+    recorded_alive: Callable[[], bool] | None = None
+    """A server an earlier session recorded (no launcher of ours): whether its process still
+    runs. The pool passes it in, so that a handle needs no knowledge of server kinds."""
 
     def exit_code(self) -> int | None:
         """The exit code if the server is gone (-1 when unknowable), ``None`` while it runs."""
         if self.launcher is not None:
             return self.launcher.exit_code()
-        if self.identity:
-            return None if identity_alive(self.identity) else -1
+        if self.recorded_alive is not None:
+            return None if self.recorded_alive() else -1
         return None  # attached: we cannot see the process
 
     def log_tail(self, n: int = 50) -> list[str]:

@@ -38,6 +38,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -376,7 +377,7 @@ class ServerPool:
                 origin="reused",
                 api_key=api_key(profile, self.env),
                 log_path=Path(entry.log_path) if entry.log_path else None,
-                identity=entry.identity,
+                recorded_alive=partial(identity_alive, entry.identity) if entry.identity else None,
             )
             cached = self._handles.get(profile.name)
             if cached is not None and cached.base_url == entry.url and cached.launcher:

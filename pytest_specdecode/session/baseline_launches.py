@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pytest_specdecode.backends import backend_for
 from pytest_specdecode.baselines.store import NOISE_HINT, noise_problem
@@ -21,11 +22,13 @@ from pytest_specdecode.errors import SpecdecodeError
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.profiles.profile import ServerProfile
 from pytest_specdecode.result import SpecdecodeResult
-from pytest_specdecode.servers.pool import ServerPool
-from pytest_specdecode.session.runner import ServerRunner
 from pytest_specdecode.settings import Settings
 from pytest_specdecode.verdict import Outcome
 from pytest_specdecode.workloads import Workload
+
+if TYPE_CHECKING:
+    from pytest_specdecode.servers.pool import ServerPool
+    from pytest_specdecode.session.runner import ServerRunner
 
 DEFAULT_BASELINE_LAUNCHES = 3
 """Launches of a baseline where launches vary: a launch-to-launch variance estimated from two

@@ -14,7 +14,7 @@ the provenance) comes in as callables, so this module needs nothing of session.p
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_specdecode.backends import backend_for
 from pytest_specdecode.baselines.refs import OWN, BaselineLookup
@@ -24,7 +24,6 @@ from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.profiles.profile import ServerProfile
 from pytest_specdecode.result import SpecdecodeResult, check_json
 from pytest_specdecode.servers.handle import ServerHandle
-from pytest_specdecode.servers.pool import ServerPool
 from pytest_specdecode.session.baseline_launches import (
     BaselineLaunches,
     PendingLaunches,
@@ -36,13 +35,16 @@ from pytest_specdecode.session.machine_load import (
     comparison_warnings,
     recording_warning,
 )
-from pytest_specdecode.session.runner import ServerRunner
 from pytest_specdecode.settings import Settings
 from pytest_specdecode.stats.comparison import Verdict
 from pytest_specdecode.stats.sequential import SequentialPlan
 from pytest_specdecode.stats.two_level import LaunchPrior, prior_for
 from pytest_specdecode.verdict import Check, Outcome, evaluate, message, outcome_of
 from pytest_specdecode.workloads import Workload
+
+if TYPE_CHECKING:
+    from pytest_specdecode.servers.pool import ServerPool
+    from pytest_specdecode.session.runner import ServerRunner
 
 History = Sequence[Mapping[str, Any]]
 """Earlier nights (the JSON-lines history), for the launch variance of each test."""

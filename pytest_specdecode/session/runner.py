@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_specdecode.backends import Backend, backend_for
 from pytest_specdecode.client import MeasurementClient, StallBound
@@ -26,9 +26,11 @@ from pytest_specdecode.errors import (
 from pytest_specdecode.metrics import compute_run_metrics
 from pytest_specdecode.profiles.profile import ServerProfile
 from pytest_specdecode.servers.handle import ServerHandle
-from pytest_specdecode.servers.pool import ServerPool
 from pytest_specdecode.settings import Settings
 from pytest_specdecode.workloads import Workload, resolve_workload
+
+if TYPE_CHECKING:
+    from pytest_specdecode.servers.pool import ServerPool
 
 
 class ServerRunner:

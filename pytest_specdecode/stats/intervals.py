@@ -48,11 +48,18 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pytest_specdecode.stats.distributions import norm_cdf, norm_isf, norm_sf, t_cdf, t_isf, t_sf
-from pytest_specdecode.stats.lazy import LazyModule
+from pytest_specdecode.stats.distributions import (
+    LazyModule,
+    norm_cdf,
+    norm_isf,
+    norm_sf,
+    t_cdf,
+    t_isf,
+    t_sf,
+)
 from pytest_specdecode.stats.welch import log_variance, welch_terms
 
-# scipy is imported at the first comparison, not when pytest loads the plugin (lazy.py says why);
+# scipy is imported at the first comparison, not when pytest loads the plugin;
 # scipy.stats only for the bootstrap (distributions.py says why)
 stats: Any = LazyModule("scipy.stats")
 

@@ -25,13 +25,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pytest_specdecode.stats.distributions import chi2_ppf, norm_cdf, norm_ppf, t_isf
-from pytest_specdecode.stats.lazy import LazyModule
+from pytest_specdecode.stats.distributions import LazyModule, chi2_ppf, norm_cdf, norm_ppf, t_isf
 from pytest_specdecode.stats.samples import StatsInputError, check_alpha
 from pytest_specdecode.stats.two_level import TwoLevelInterval
 from pytest_specdecode.stats.welch import log_variance, welch_terms
 
-# scipy is imported at the first comparison, not when pytest loads the plugin (lazy.py says why)
+# scipy is imported at the first comparison, not when pytest loads the plugin (distributions.py)
 optimize: Any = LazyModule("scipy.optimize")
 special: Any = LazyModule("scipy.special")
 
