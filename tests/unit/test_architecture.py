@@ -50,8 +50,37 @@ def test_the_measurement_core_needs_no_http_client() -> None:
     assert "pytest_specdecode.client" not in loaded
 
 
-def package_imports() -> dict[str, set[str]]:
-    """module → the package modules it imports (sim/ is self-contained and left out)."""
+def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """The imports a module runs when it is imported: top level, inside if/try, but not under
+    ``if TYPE_CHECKING:`` nor inside functions (those are type-only or deferred on purpose)."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.append(node)
+            elif isinstance(node, ast.If):
+                test = node.test
+                type_only = (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                    isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+                )
+                if not type_only:
+                    walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                walk(node.orelse)
+                walk(node.finalbody)
+                for handler in node.handlers:
+                    walk(handler.body)
+
+    walk(tree.body)
+    return found
+
+
+def package_imports(module_level: bool = False) -> dict[str, set[str]]:
+    """module → the package modules it imports (sim/ is self-contained and left out): every
+    import anywhere in the module, or with ``module_level`` only those run at import time."""
     names = {}
     for path in PACKAGE.rglob("*.py"):
         parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
@@ -62,11 +91,17 @@ def package_imports() -> dict[str, set[str]]:
         names[".".join(parts)] = path
     graph: dict[str, set[str]] = {name: set() for name in names}
     for name, path in names.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        nodes = (
+            _module_level_imports(tree)
+            if module_level
+            else [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        )
+        for node in nodes:
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            elif node.module and node.level == 0:
                 subs = [f"{node.module}.{alias.name}" for alias in node.names]
                 known = [sub for sub in subs if sub in names]
                 targets = known if len(known) == len(subs) else [node.module, *known]
@@ -74,6 +109,59 @@ def package_imports() -> dict[str, set[str]]:
                 if target in names and target not in (name, "pytest_specdecode"):
                     graph[name].add(target)
     return graph
+
+
+def room_of(module: str) -> str:
+    """A top-level module is a room of its own; a wing (a folder, at any depth) is one room."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else module
+
+
+def longest_path(graph: dict[str, set[str]]) -> tuple[str, ...]:
+    """The longest downward path of an acyclic graph (the circle test runs beside this one)."""
+    memo: dict[str, tuple[str, ...]] = {}
+
+    def down(name: str) -> tuple[str, ...]:
+        if name not in memo:
+            memo[name] = (name,)  # guards a circle, which the circle test reports
+            memo[name] = max(((name, *down(t)) for t in graph[name]), key=len, default=(name,))
+        return memo[name]
+
+    return max((down(name) for name in sorted(graph)), key=len)
+
+
+# The floor plan's limits (issue 22): the next split lands in a wing, not in the corridor.
+MAX_TOP_LEVEL_MODULES = 20
+MAX_ROOMS = 28
+MAX_FLOORS = 8
+MAX_CHAIN = 10
+
+
+def test_the_floor_plan_stays_within_its_limits() -> None:
+    """Rooms (top-level modules but ``__init__``, and folders), floors (the longest downward
+    path between rooms, any import) and the longest chain of modules imported at import time,
+    printed (``-s``) so that a change can be measured, and held at the limits above."""
+    top_level = sorted(p.name for p in PACKAGE.glob("*.py"))
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+    rooms = len(top_level) - 1 + len(folders)
+    graph = package_imports()
+    rooms_graph: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        rooms_graph.setdefault(room_of(name), set())
+        for target in targets:
+            rooms_graph.setdefault(room_of(target), set())
+            if room_of(target) != room_of(name):
+                rooms_graph[room_of(name)].add(room_of(target))
+    floors = longest_path(rooms_graph)
+    chain = longest_path(package_imports(module_level=True))
+    print(
+        f"\ntop-level modules: {len(top_level)}; rooms: {rooms}; floors: {len(floors)} "
+        f"({' → '.join(floors)}); longest import chain: {len(chain)} ({' → '.join(chain)})"
+    )
+    assert len(top_level) <= MAX_TOP_LEVEL_MODULES, top_level
+    assert rooms <= MAX_ROOMS, (top_level, folders)
+    assert len(floors) <= MAX_FLOORS, floors
+    assert len(chain) <= MAX_CHAIN, chain
 
 
 def test_imports_never_go_in_a_circle() -> None:
