@@ -46,6 +46,7 @@ from pytest_specdecode.fingerprint import Fingerprint
 from pytest_specdecode.fleet import EngineTLS, HostSpec
 from pytest_specdecode.profiles.llamacpp import DEFAULT_BINARY, LlamaCppOptions
 from pytest_specdecode.redaction import is_secret_flag
+from pytest_specdecode.sglang_releases import flag_dest
 
 SIMULATED_LAUNCHERS = frozenset({"sim"})
 ALGORITHM_MARKERS: tuple[str, ...] = ("eagle3", "eagle", "nextn", "ngram", "standalone", "nospec")
@@ -450,21 +451,12 @@ def compare_server_args(
 
 def echoed_field(flag: str, sglang_version: str | None) -> str:
     """The ``/server_info`` field a ``launch_server`` flag sets in ``sglang_version``: the
-    flag's argparse destination in that release (known for the releases the simulator speaks),
-    else the flag's name with dashes as underscores."""
+    flag's argparse destination in that release (known for the releases in
+    :mod:`~pytest_specdecode.sglang_releases`), else the flag's name with dashes as underscores."""
     default = flag[2:].replace("-", "_")
     if sglang_version is None:
         return default
-    from pytest_specdecode.sim import versions  # the per-release flag tables, loaded on demand
-
-    try:
-        release = versions.normalize(sglang_version.split("+", 1)[0])
-    except ValueError:
-        return default
-    for spec in versions.flags(release):
-        if flag in spec.opts:
-            return spec.dest
-    return default
+    return flag_dest(flag, sglang_version.split("+", 1)[0]) or default
 
 
 @dataclass(frozen=True)

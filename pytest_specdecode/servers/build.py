@@ -14,7 +14,8 @@ What is read, per launcher:
   SGLang (``importlib.metadata``, well under a second), SGLang's version and a hash of the
   installed files' record (pip's ``RECORD`` lists every file with its hash, so a reinstall of
   other code under the same version changes it);
-* ``sim``: this package's version and a hash of the simulator's sources;
+* ``sim``: this package's version and a hash of the simulator's sources (``sim/`` and the
+  per-release SGLang data it reads, ``sglang_releases.py``/``.json``);
 * ``docker``: the image's id (its content digest) on the engine, not only its tag;
 * ``llamacpp``: the binary's real path, size and modification time (the GGUF files' hashes are
   already in the fingerprint);
@@ -172,12 +173,19 @@ def _sglang_of(python: str) -> dict[str, Any]:
     return {"sglang": data.get("sglang"), "record": data.get("record")}
 
 
+#: Files outside ``sim/`` whose content the simulator's behaviour depends on: the per-release
+#: flags and fields its parser and ``/server_info`` are built from.
+SIM_SHARED_SOURCES: tuple[str, ...] = ("sglang_releases.py", "sglang_releases.json")
+
+
 @lru_cache(maxsize=1)
 def _sim_sources_hash() -> str:
-    sim = Path(pytest_specdecode.__file__).parent / "sim"
+    package = Path(pytest_specdecode.__file__).parent
+    sim = package / "sim"
+    paths = [p for p in sim.rglob("*") if p.is_file() and p.suffix in (".py", ".toml", ".json")]
+    paths += [package / name for name in SIM_SHARED_SOURCES]
     digest = hashlib.sha256()
-    for path in sorted(sim.rglob("*")):
-        if path.is_file() and path.suffix in (".py", ".toml", ".json"):
-            digest.update(path.relative_to(sim).as_posix().encode())
-            digest.update(path.read_bytes())
+    for path in sorted(paths):
+        digest.update(path.relative_to(package).as_posix().encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:12]

@@ -1,10 +1,10 @@
 """Command line of the simulated server: SGLang's ``launch_server`` flags plus ``--sim-*`` knobs.
 
 The simulator speaks one SGLang release at a time (``--sim-sglang-version``, see ``versions.py``):
-its parser holds exactly the flags that release declares (generated from its wheel), so a flag the
-release does not know, or no longer knows, is refused as argparse refuses it (usage message on
-stderr, exit status 2), and the flags are resolved the way that release's ``ServerArgs`` does for
-the settings the simulator cares about.
+its parser holds exactly the flags that release declares (``pytest_specdecode.sglang_releases``,
+generated from its wheel), so a flag the release does not know, or no longer knows, is refused as
+argparse refuses it (usage message on stderr, exit status 2), and the flags are resolved the way
+that release's ``ServerArgs`` does for the settings the simulator cares about.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_specdecode import sglang_releases
 from pytest_specdecode.sim import versions
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
@@ -191,7 +192,7 @@ def _typed(type_name: str | None) -> Callable[[str], Any]:
     return {"int": int, "float": float}.get(type_name or "str", str)
 
 
-def _add_sglang_flag(group: argparse._ArgumentGroup, flag: versions.FlagSpec) -> None:
+def _add_sglang_flag(group: argparse._ArgumentGroup, flag: sglang_releases.FlagSpec) -> None:
     """Declare one SGLang option as its release did (arity, type, choices), default unset."""
     kwargs: dict[str, Any] = {"dest": flag.dest, "default": argparse.SUPPRESS}
     opts = list(flag.opts)
@@ -224,7 +225,7 @@ def _add_sglang_flag(group: argparse._ArgumentGroup, flag: versions.FlagSpec) ->
 
 def build_parser(release: str | None = None) -> argparse.ArgumentParser:
     """The command line of SGLang ``release`` (default: the newest supported) plus ``--sim-*``."""
-    release = release or versions.newest()
+    release = release or sglang_releases.newest()
     era = versions.era(release)
     parser = argparse.ArgumentParser(
         prog=era.prog,
@@ -232,7 +233,7 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
             "A simulated SGLang server (no GPU): SGLang's HTTP API, load phases and log lines, "
             "with token timing from a small performance model fitted to measured figures. "
             f"Every figure it produces is simulated. This parser speaks SGLang {release} "
-            f"(--sim-sglang-version; supported {versions.supported_range()})."
+            f"(--sim-sglang-version; supported {sglang_releases.supported_range()})."
         ),
         epilog=(
             "Flags that SGLang release does not accept are rejected, as SGLang rejects them. "
@@ -246,7 +247,7 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
     sglang = parser.add_argument_group(
         f"SGLang server arguments (as python -m sglang.launch_server of SGLang {release})"
     )
-    for flag in versions.flags(release):
+    for flag in sglang_releases.flags(release):
         _add_sglang_flag(sglang, flag)
 
     sim = parser.add_argument_group("simulation knobs (pytest-specdecode only)")
@@ -304,8 +305,8 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
         metavar="VERSION",
         help=(
             "the SGLang release to behave like: flags, argument resolution, /server_info, "
-            f"meta_info, log lines (supported {versions.supported_range()}; default "
-            f"${versions.ENV_SGLANG_VERSION}, else {versions.newest()})"
+            f"meta_info, log lines (supported {sglang_releases.supported_range()}; default "
+            f"${versions.ENV_SGLANG_VERSION}, else {sglang_releases.newest()})"
         ),
     )
     sim.add_argument(
@@ -400,7 +401,7 @@ def echo_fields(release: str, server: ServerArgs, values: Mapping[str, Any]) -> 
     settings (speculative parameters, overlap, limits) on top."""
     fields: dict[str, Any] = {}
     resolved = server.echo()
-    for name, default in versions.field_defaults(release).items():
+    for name, default in sglang_releases.field_defaults(release).items():
         value = values.get(name, default)
         if value is None and name in RESOLVED_WHEN_UNSET:
             value = RESOLVED_WHEN_UNSET[name]
@@ -459,7 +460,7 @@ def resolve(
     """Apply SGLang ``release``'s defaults and speculative-decoding rules to the parsed flags.
 
     ``StartupError`` for what that release refuses while resolving (the gRPC port range)."""
-    release = release or versions.newest()
+    release = release or sglang_releases.newest()
     era = versions.era(release)
     ns = vars(namespace)
     values: dict[str, Any] = {k: v for k, v in ns.items() if not k.startswith("sim_")}
@@ -470,7 +471,7 @@ def resolve(
         values.setdefault("stream_output", True)
     if values.get("cuda_graph_max_bs_decode") is not None:
         values.setdefault("cuda_graph_max_bs", values["cuda_graph_max_bs_decode"])
-    defaults = versions.field_defaults(release)
+    defaults = sglang_releases.field_defaults(release)
 
     def get(name: str, fallback: Any = None) -> Any:
         value = values.get(name, defaults.get(name))
@@ -705,8 +706,8 @@ def requested_release(argv: Sequence[str], env: Mapping[str, str]) -> str:
         elif arg.startswith("--sim-sglang-version="):
             requested = arg.split("=", 1)[1]
     if requested is None:
-        requested = env.get(versions.ENV_SGLANG_VERSION, "").strip() or versions.newest()
-    return versions.normalize(requested)
+        requested = env.get(versions.ENV_SGLANG_VERSION, "").strip() or sglang_releases.newest()
+    return sglang_releases.normalize(requested)
 
 
 def parse_args(

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_specdecode import __version__
+from pytest_specdecode import __version__, sglang_releases
 from pytest_specdecode.sim import versions
 from pytest_specdecode.sim.args import ResolvedArgs
 from pytest_specdecode.sim.engine import Engine, Sequence
@@ -95,7 +95,7 @@ class SimServer:
         self.args = resolved.server
         self.sim = resolved.sim
         self.constants = constants
-        self.release = resolved.release or versions.newest()
+        self.release = resolved.release or sglang_releases.newest()
         self.era = versions.era(self.release)
         self.started_at = time.time()
         args = self.args

@@ -1,11 +1,12 @@
 """Which SGLang release the simulator speaks (``--sim-sglang-version``), and what that changes.
 
-Two kinds of per-version knowledge live here:
+Two kinds of per-version knowledge shape the simulator; the second lives here:
 
-- **Exact per release**, generated from the released wheels by ``scripts/gen-sim-flags.py`` into
-  ``sglang_data.py``: the ``launch_server`` flags (names, arities, types, choices) and the
-  ``ServerArgs`` fields ``/server_info`` echoes. The parser of a requested release accepts what that
-  release accepts and nothing else (argparse's "unrecognized arguments", exit 2).
+- **Exact per release**, not here but in :mod:`pytest_specdecode.sglang_releases` (the package's
+  data about SGLang itself, which the core reads too; generated from the released wheels by
+  ``scripts/gen-sim-flags.py``): the ``launch_server`` flags (names, arities, types, choices) and
+  the ``ServerArgs`` fields ``/server_info`` echoes. The parser of a requested release accepts
+  what that release accepts and nothing else (argparse's "unrecognized arguments", exit 2).
 - **Behaviour eras**, boundaries read in the sources (``srt/server_args.py``,
   ``srt/arg_groups/speculative_hook.py``, ``srt/managers/tokenizer_manager.py``,
   ``srt/entrypoints/http_server.py``, the CUDA-graph runners) and checked against the real 0.5.15
@@ -39,100 +40,15 @@ Two kinds of per-version knowledge live here:
 
 from __future__ import annotations
 
-import functools
-import json
-import re
 from dataclasses import dataclass
-from typing import Any
 
-from pytest_specdecode.sim.sglang_data import SGLANG_DATA_JSON
+from pytest_specdecode.sglang_releases import field_defaults
 
 ENV_SGLANG_VERSION = "SPECDECODE_SIM_SGLANG_VERSION"
-_VERSION_RE = re.compile(r"^v?0\.5\.(\d+)(?:(?:\.post|rc|\.dev|\.rc|post)\d+)*$")
-
-
-@functools.cache
-def _data() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(SGLANG_DATA_JSON)
-    return loaded
-
-
-def known_releases() -> tuple[str, ...]:
-    return tuple(_data()["versions"])
-
-
-def supported_range() -> str:
-    releases = known_releases()
-    return f"{releases[0]} to {releases[-1]}"
-
-
-def newest() -> str:
-    return known_releases()[-1]
 
 
 def _patch(release: str) -> int:
     return int(release.rsplit(".", 1)[1])
-
-
-def normalize(version: str) -> str:
-    """The known release a version string maps to (``0.5.15.post1`` -> ``0.5.15``).
-
-    ``ValueError`` naming the supported range for anything else."""
-    match = _VERSION_RE.match(version.strip())
-    releases = known_releases()
-    if match:
-        release = f"0.5.{int(match.group(1))}"
-        if release in releases:
-            return release
-    raise ValueError(
-        f"unsupported SGLang version {version!r}: the simulator speaks SGLang "
-        f"{supported_range()} (patch suffixes such as .post1 map to their release)"
-    )
-
-
-def _has(entry: dict[str, Any], index: int) -> bool:
-    return any(first <= index <= last for first, last in entry["versions"])
-
-
-@dataclass(frozen=True)
-class FlagSpec:
-    """One ``launch_server`` option of one release, as its argparse action was declared."""
-
-    opts: tuple[str, ...]
-    dest: str
-    kind: str
-    nargs: str | None
-    type: str | None
-    choices: tuple[str, ...] | None
-
-
-@functools.cache
-def flags(release: str) -> tuple[FlagSpec, ...]:
-    index = known_releases().index(release)
-    return tuple(
-        FlagSpec(
-            opts=tuple(entry["opts"]),
-            dest=entry["dest"],
-            kind=entry["kind"],
-            nargs=entry["nargs"],
-            type=entry["type"],
-            choices=tuple(entry["choices"]) if entry["choices"] else None,
-        )
-        for entry in _data()["flags"]
-        if _has(entry, index)
-    )
-
-
-@functools.cache
-def field_defaults(release: str) -> dict[str, Any]:
-    """The release's ServerArgs fields in declaration order, with their declared defaults
-    (private bookkeeping fields, ``_*``, left out: ``/server_info`` does not show them)."""
-    index = known_releases().index(release)
-    return {
-        name: entry["default"]
-        for name, entry in _data()["fields"].items()
-        if _has(entry, index) and not name.startswith("_")
-    }
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ SEED_EXTRA = (
     "--trust-remote-code", "--num-continuous-decode-steps", "4", "--disable-custom-all-reduce",
 )  # fmt: skip
 #: Flags that only some of RELEASES have, with the first and last release that has each
-#: (pytest_specdecode/sim/sglang_data.py, read from the same wheels): added in 0.5.12, and
+#: (pytest_specdecode/sglang_releases.json, read from the same wheels): added in 0.5.12, and
 #: removed after 0.5.19.
 SPANS: dict[tuple[str, ...], tuple[str | None, str | None]] = {
     ("--detokenizer-worker-num", "2"): ("0.5.12", None),

@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_specdecode import sglang_releases
 from pytest_specdecode.backends import SGLANG_PORT_RANGE
 from pytest_specdecode.servers.launcher import find_free_port
-from pytest_specdecode.sim import versions
 
 from .conftest import (
     RecordedAnswer,
@@ -190,7 +190,7 @@ def test_health_is_503_with_an_empty_body_during_warm_up_then_200() -> None:
 def test_the_option_set_is_the_real_one() -> None:
     """Every option real 0.5.15 lists in --help is accepted by the simulator speaking it (and
     the simulator's extra ones are the help-suppressed options of the same release)."""
-    sim_options = {o for flag in versions.flags("0.5.15") for o in flag.opts}
+    sim_options = {o for flag in sglang_releases.flags("0.5.15") for o in flag.opts}
     real = real_launch_options("0.5.15")
     assert real <= sim_options
     assert sim_options - real <= {

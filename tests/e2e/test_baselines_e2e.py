@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_specdecode.sim import versions
+from pytest_specdecode import sglang_releases
 from tests.e2e.conftest import SLOW_QUIET_PROFILES
 
 if TYPE_CHECKING:
@@ -347,7 +347,7 @@ def test_a_soft_mismatch_warns_and_a_workload_change_is_refused(quiet_project: P
     quiet_project.run(*RECORD).assert_outcomes(passed=2)
     soft = baseline(quiet_project, "test_soft")
     record = json.loads(soft.read_text())
-    now = f"{versions.newest()}+simulated"  # the release the simulator speaks by default
+    now = f"{sglang_releases.newest()}+simulated"  # the release the simulator speaks by default
     assert record["fingerprint"]["soft"]["server_version"] == now
     record["fingerprint"]["soft"]["server_version"] = "0.5.6+simulated"
     soft.write_text(json.dumps(record, indent=2, sort_keys=True))

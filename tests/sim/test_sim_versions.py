@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_specdecode import sglang_releases
 from pytest_specdecode.profiles.profile import ServerProfile, Speculative, compare_server_args
 from pytest_specdecode.servers.launcher import find_free_port
 from pytest_specdecode.sim import versions
@@ -32,13 +33,13 @@ def at(version: str, *flags: str, env: dict[str, str] | None = None) -> Any:
 
 
 def test_supported_range_and_version_strings() -> None:
-    assert versions.known_releases()[0] == "0.5.6"
-    assert versions.newest() == "0.5.23"
-    assert versions.normalize("0.5.15.post1") == "0.5.15"
-    assert versions.normalize("0.5.9rc0") == "0.5.9"
+    assert sglang_releases.known_releases()[0] == "0.5.6"
+    assert sglang_releases.newest() == "0.5.23"
+    assert sglang_releases.normalize("0.5.15.post1") == "0.5.15"
+    assert sglang_releases.normalize("0.5.9rc0") == "0.5.9"
     for bad in ("0.5.5", "0.5.24", "0.4.9", "latest"):
         with pytest.raises(ValueError, match=r"0\.5\.6 to 0\.5\.23"):
-            versions.normalize(bad)
+            sglang_releases.normalize(bad)
     assert parse_args(["--model-path", "m"]).release == "0.5.23"  # the newest by default
     assert parse_args(["--model-path", "m"], {versions.ENV_SGLANG_VERSION: "0.5.9"}).release == (
         "0.5.9"

@@ -1,5 +1,6 @@
 """The floor plan, guarded: the report readers stay off the machine room, imports never go in a
-circle, and only plugin.py knows pytest (ruff's banned-api rule says the same at lint time)."""
+circle, only plugin.py knows pytest (ruff's banned-api rule says the same at lint time), and the
+core and the simulator meet only in the neutral data module ``sglang_releases``."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]
 
 
 def package_imports(module_level: bool = False) -> dict[str, set[str]]:
-    """module → the package modules it imports (sim/ is self-contained and left out): every
+    """module → the package modules it imports (sim/ left out: its imports are checked below): every
     import anywhere in the module, or with ``module_level`` only those run at import time."""
     names = {}
     for path in PACKAGE.rglob("*.py"):
@@ -198,3 +199,110 @@ def test_only_the_plugin_imports_pytest() -> None:
             if any(n == "pytest" or n.startswith(("pytest.", "_pytest")) for n in names):
                 offenders.append(str(path.relative_to(PACKAGE)))
     assert offenders == []
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def is_package_module(name: str) -> bool:
+    base = PACKAGE.parent.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """Every import in a package file, at any level (function bodies and ``TYPE_CHECKING`` blocks
+    included), relative ones resolved: a module as its dotted name, a name taken from a module
+    as ``MODULE:NAME``; ``importlib.import_module``/``__import__`` of a literal string too."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.append(
+                    (node.lineno, sub if is_package_module(sub) else f"{base}:{alias.name}")
+                )
+        elif (
+            isinstance(node, ast.Call)
+            and (
+                (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                or (
+                    isinstance(node.func, ast.Name)
+                    and node.func.id in ("import_module", "__import__")
+                )
+            )
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def in_sim(target: str) -> bool:
+    return target == "pytest_specdecode.sim" or target.startswith(
+        ("pytest_specdecode.sim.", "pytest_specdecode.sim:")
+    )
+
+
+def test_the_core_never_imports_the_simulator() -> None:
+    """No module outside ``sim/`` imports it, not even in a function. The launchers that start
+    it (``profiles/profile.py``'s ``SIM_MODULE``, run by ``servers/subprocess.py`` and the Docker
+    launcher as ``python -m pytest_specdecode.sim``) name it in a string for another process,
+    which is no import and needs no exception here."""
+    offenders = [
+        f"{path.relative_to(PACKAGE)}:{line} imports {target}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "sim" not in path.relative_to(PACKAGE).parts[:1]
+        for line, target in imports_of(path)
+        if in_sim(target)
+    ]
+    assert offenders == []
+
+
+#: All the simulator imports of the package outside ``sim/``, and why each. Exact: a new one
+#: needs a line here (and a reason), one no longer used leaves the list.
+SIM_MAY_IMPORT: dict[str, str] = {
+    "pytest_specdecode:__version__": "the version its banner and /server_info's sim_version show",
+    "pytest_specdecode.sglang_releases": (
+        "what each SGLang release accepts and reports: the parser and /server_info fields of the "
+        "release it speaks (the neutral data the core reads too)"
+    ),
+}
+
+
+def test_the_simulator_imports_of_the_package_are_the_documented_ones() -> None:
+    used: dict[str, list[str]] = {}
+    for path in sorted((PACKAGE / "sim").rglob("*.py")):
+        for line, target in imports_of(path):
+            if target.startswith(("pytest_specdecode.", "pytest_specdecode:")) and not in_sim(
+                target
+            ):
+                # a module's entry covers the names taken from it; the face's, name by name
+                key = target if target.startswith("pytest_specdecode:") else target.split(":")[0]
+                used.setdefault(key, []).append(f"{path.relative_to(PACKAGE)}:{line}")
+    undocumented = {target: where for target, where in used.items() if target not in SIM_MAY_IMPORT}
+    assert undocumented == {}
+    assert sorted(used) == sorted(SIM_MAY_IMPORT), "an allowed import no longer used: drop it"
+
+
+def test_the_neutral_data_module_imports_nothing_of_the_package() -> None:
+    targets = [t for _, t in imports_of(PACKAGE / "sglang_releases.py")]
+    assert [t for t in targets if t.startswith("pytest_specdecode")] == []
+
+
+def test_a_simulator_process_loads_no_core_module() -> None:
+    loaded = modules_loaded_by("import pytest_specdecode.sim.__main__")
+    core = {name for name in loaded if name.startswith("pytest_specdecode") and not in_sim(name)}
+    assert core == {"pytest_specdecode", "pytest_specdecode.sglang_releases"}
