@@ -101,6 +101,50 @@ def test_the_default_stall_bound_is_derived_from_what_the_warm_up_saw(project):
     assert durations(result)[("test_1_hangs", "call")] < 60
 
 
+def test_a_request_timeout_on_a_frozen_server_marks_it_hung_and_nothing_waits_again(project):
+    """#27 item 4: the request timeout (8 s) is tighter than the stall bound (30 s): the timed-out
+    request is followed by a health probe, which a frozen server does not answer, so the server
+    counts as hung: the profile's later tests fail at once, and its stop is not a 30 s wait."""
+    project.profiles(PROFILES)
+    project.tests(suite_of("hangs", "hangs", "hangs", "nospec"))
+    started = time.monotonic()
+    result = project.run("--specdecode-request-timeout", "8", *RUNS)
+    took = time.monotonic() - started
+    result.assert_outcomes(failed=1, errors=2, passed=1)
+    out = result.stdout.str()
+    assert "hung during run 1" in out
+    assert "request_timeout=8s" in out
+    assert "GET /health_generate: no answer within 5s" in out  # the probe names the cause
+    assert "Later tests of this profile fail at once" in out
+    times = durations(result)
+    # the request timeout, the probe, the hung server's 5 s stop grace, slack: no second wait
+    assert times[("test_1_hangs", "call")] < 8 + 5 + 5 + 4
+    assert times[("test_2_hangs", "setup")] < 1.0
+    assert times[("test_3_hangs", "setup")] < 1.0
+    assert times[("test_3_hangs", "teardown")] < 1.0
+    assert "hangs launched 1, reused 0, stopped 0, failed 1" in out
+    assert took < 60  # was 8 + 2 x 10.1 + 30 s of waiting on top of the runs
+    assert project.sim_processes() == []
+
+
+def test_a_request_timeout_on_a_server_that_still_answers_fails_only_that_request(project):
+    """The other side of the probe: responses longer than the request timeout on a healthy
+    server are the request's problem (raise the timeout), not a hung server's."""
+    slow = PROFILES + (
+        "\n[profiles.slowgen]\nwarmup_requests = 0\n"
+        'extra_args = ["--sim-speed", "0.25", "--sim-load-seconds", "0.2", "--sim-seed", "1"]\n'
+    )
+    project.profiles(slow)
+    project.tests(suite_of("slowgen", "slowgen"))
+    result = project.run("--specdecode-request-timeout", "2", *RUNS)
+    out = result.stdout.str()
+    result.assert_outcomes(failed=2)
+    assert "only this request ran out of time" in out
+    assert "raise --specdecode-request-timeout" in out
+    assert "hung during" not in out
+    assert "slowgen launched 1, reused 0" in out  # the second test measured the same server
+
+
 # -- --server-host that is not a ready SGLang ------------------------------------------------
 
 ATTACH_TEST = """
