@@ -70,6 +70,31 @@ def test_a_server_frozen_right_after_ready_fails_within_the_stall_bound(project)
     assert project.sim_processes() == []
 
 
+def test_a_server_hung_after_ready_with_a_short_startup_timeout_is_reported_as_hung(project):
+    """#27 item 4: the startup timeout (4 s) runs out before the hang bound (stall timeout 60 s)
+    on a server that logged it is ready and then froze: the error says it hung after its load,
+    what it last said and since when, not "raise startup_timeout, loading is just slow"."""
+    project.profiles(
+        PROFILES.replace("[profiles.frozen]\n", "[profiles.frozen]\nstartup_timeout = 4\n")
+    )
+    project.tests(suite_of("frozen", "frozen"))
+    started = time.monotonic()
+    result = project.run("--specdecode-stall-timeout", "60", *RUNS)
+    took = time.monotonic() - started
+    result.assert_outcomes(errors=2)
+    out = result.stdout.str()
+    assert "ServerHungError" in out
+    assert "logged that it is ready" in out
+    assert "gave up at the startup_timeout 4s" in out
+    assert "hung after its load, not loading slowly" in out
+    assert 'Its last log line: "' in out
+    assert "Raise the profile's startup_timeout" not in out
+    assert "last phase: ready" not in out
+    assert took < 40  # the 4 s startup timeout, not the 60 s hang bound
+    assert durations(result)[("test_2_frozen", "setup")] < 1.0
+    assert project.sim_processes() == []
+
+
 def test_a_server_that_hangs_while_measured_fails_its_test_and_the_profiles_next_at_once(
     project,
 ):
