@@ -170,6 +170,31 @@ def test_a_request_timeout_on_a_server_that_still_answers_fails_only_that_reques
     assert "slowgen launched 1, reused 0" in out  # the second test measured the same server
 
 
+def test_a_kept_server_that_misses_one_health_probe_is_probed_again_not_reloaded(project):
+    """#27 item 4: a kept server is adopted by the next session only if it answers its health
+    probe. ``flap-health`` fails every second probe after readiness: the launching session's
+    readiness probe got the 200, so the adopting session's first probe gets a 503. One miss is
+    probed again (a reload is 15-30 minutes on a real box), and the reason is printed."""
+    project.profiles(
+        PROFILES + "\n[profiles.flaps]\n" + f'extra_args = [{FAST}, "--sim-fault", "flap-health"]\n'
+    )
+    project.tests(suite_of("flaps"))
+    first = project.run("--specdecode-keep-server", *RUNS)
+    first.assert_outcomes(passed=1)
+    assert "flaps launched 1" in first.stdout.str()
+    started = time.monotonic()
+    second = project.run(*RUNS)
+    took = time.monotonic() - started
+    second.assert_outcomes(passed=1)
+    out = second.stdout.str()
+    assert "missed a health probe (GET /health_generate: HTTP 503); probing again" in out
+    assert "answered the second probe" in out
+    assert "flaps launched 0, reused 1" in out  # no reload for one missed probe
+    assert "giving up the recorded server" not in out
+    assert took < 60
+    assert project.sim_processes() == []
+
+
 # -- --server-host that is not a ready SGLang ------------------------------------------------
 
 ATTACH_TEST = """
