@@ -66,6 +66,13 @@ extra_args = [{FAST}, "--sim-fault", "hang"]
 [profiles.hangs]
 extra_args = [{FAST}, "--sim-fault", "hang-after:3"]
 
+[profiles.frozen-short]
+startup_timeout = 4
+extra_args = [{FAST}, "--sim-fault", "hang"]
+
+[profiles.flaps]
+extra_args = [{FAST}, "--sim-fault", "flap-health"]
+
 [profiles.slow]
 startup_timeout = 2
 extra_args = ["--sim-speed", "1", "--sim-load-seconds", "30"]
@@ -233,6 +240,31 @@ def hang_while_measured(p: Project) -> tuple[str, bool, Outcome]:
     o = run_case(p, suite("hangs", "hangs"), *RUNS, "--specdecode-stall-timeout", "2")
     held = o.has("hung during run 1", "no token for 2s") and o.counts() == {"failed": 1, "error": 1}
     return f"{o.counts()}; 'no token for 2s', next test at once", held and o.seconds < 30, o
+
+
+def request_timeout_on_frozen(p: Project) -> tuple[str, bool, Outcome]:
+    o = run_case(p, suite("hangs", "hangs", "hangs"), *RUNS, "--specdecode-request-timeout", "8")
+    held = o.has("hung during run 1", "request_timeout=8s", "GET /health_generate: no answer")
+    held = held and o.counts() == {"failed": 1, "error": 2}
+    return f"{o.counts()}; timeout, probe, hung; later tests at once", held and o.seconds < 40, o
+
+
+def hung_after_ready_short_startup(p: Project) -> tuple[str, bool, Outcome]:
+    o = run_case(p, suite("frozen-short", "frozen-short"), *RUNS)
+    held = o.has("logged that it is ready", "gave up at the startup_timeout 4s", "hung after")
+    held = held and "Raise the profile's startup_timeout" not in o.output
+    return (
+        f"{o.counts()}; 'hung after its load', not 'slow'",
+        held and o.counts() == {"error": 2},
+        o,
+    )
+
+
+def kept_server_misses_a_probe(p: Project) -> tuple[str, bool, Outcome]:
+    run_case(p, suite("flaps"), *RUNS, "--specdecode-keep-server")
+    o = run_case(p, suite("flaps"), *RUNS)
+    held = o.has("missed a health probe", "answered the second probe", "launched 0, reused 1")
+    return f"{o.counts()}; probed again, reused, reason printed", held, o
 
 
 def startup_timeout(p: Project) -> tuple[str, bool, Outcome]:
@@ -472,6 +504,14 @@ ROWS: list[tuple[str, str, str, Case, bool]] = [
      frozen_after_ready, False),
     ("hang while measured", "4", "FAIL 'no token for Ns', later tests of the profile at once",
      hang_while_measured, False),
+    ("request timeout on a frozen server", "27.4",
+     "FAIL 'hung' after the timeout and a 5 s probe, later tests at once",
+     request_timeout_on_frozen, False),
+    ("hung after ready, short startup timeout", "27.4",
+     "ERROR 'hung after its load', never 'raise startup_timeout'",
+     hung_after_ready_short_startup, False),
+    ("kept server misses one probe", "27.4", "probed again and reused, the reason printed",
+     kept_server_misses_a_probe, False),
     ("startup timeout", "held", "ERROR naming the phase and the timeout", startup_timeout, False),
     ("fixed port already served", "1", "ERROR naming who holds the port; nothing measured",
      port_in_use, False),

@@ -318,6 +318,7 @@ class MeasurementClient:
                         url=exc.url,
                         status=exc.status,
                         stalled=exc.stalled,
+                        timed_out=exc.timed_out,
                     ) from exc
 
         t_start = time.perf_counter()
@@ -347,12 +348,13 @@ class MeasurementClient:
             )
             return timeline.record(prompt, t_start, t_end, streamed=adapter.streaming)
         except RequestError as exc:
-            raise self._error(f"{url}: {exc}", url, exc.status) from exc
+            raise self._error(f"{url}: {exc}", url, exc.status, timed_out=exc.timed_out) from exc
         except asyncio.TimeoutError as exc:
             raise self._error(
                 f"{url}: no complete response within request_timeout={self._request_timeout:g}s "
                 f"({timeline.tokens} tokens received)",
                 url,
+                timed_out=True,
             ) from exc
         except httpx.ReadTimeout as exc:
             streaming = adapter.streaming
@@ -475,11 +477,17 @@ class MeasurementClient:
     # -- errors --
 
     def _error(
-        self, message: str, url: str, status: int | None = None, *, stalled: bool = False
+        self,
+        message: str,
+        url: str,
+        status: int | None = None,
+        *,
+        stalled: bool = False,
+        timed_out: bool = False,
     ) -> RequestError:
         if self._api_key:
             message = message.replace(self._api_key, "***")
-        return RequestError(message, url=url, status=status, stalled=stalled)
+        return RequestError(message, url=url, status=status, stalled=stalled, timed_out=timed_out)
 
     def _status_error(self, response: httpx.Response, url: str) -> RequestError:
         return self._error(f"{url}: {_status_error(response)}", url, response.status_code)
@@ -501,7 +509,7 @@ class MeasurementClient:
             why = f"stream ended early: server closed the connection{received} ({exc})"
         else:
             why = f"{type(exc).__name__}: {exc or 'the connection was lost'}{received}"
-        return self._error(f"{url}: {why}", url)
+        return self._error(f"{url}: {why}", url, timed_out=isinstance(exc, httpx.TimeoutException))
 
 
 def _status_error(response: httpx.Response) -> RequestError:

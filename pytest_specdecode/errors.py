@@ -98,11 +98,15 @@ class RequestError(SpecdecodeError):
         url: str | None = None,
         status: int | None = None,
         stalled: bool = False,
+        timed_out: bool = False,
     ) -> None:
         self.url = url
         self.status = status
         self.stalled = stalled
         """No token arrived within the stall bound: the server, not this request, is stuck."""
+        self.timed_out = timed_out or stalled
+        """The request ran out of time (the request timeout, a read or connect timeout): the
+        server may be hung or only slow; a health probe tells which."""
         super().__init__(message)
 
 

@@ -60,13 +60,16 @@ from pytest_specdecode.servers.startup import (
     ServerStarter,
     api_key,
     connect_host,
-    healthy,
     launch_port,
+    probe_health,
 )
 from pytest_specdecode.servers.state import Entry, Owner, StateFile, lease_key
 
 if TYPE_CHECKING:
     from pytest_specdecode.profiles.profile import ServerProfile
+
+REPROBE_PAUSE = 2.0
+"""Seconds between a recorded server's missed health probe and the second one."""
 
 
 class ServerPool:
@@ -370,7 +373,7 @@ class ServerPool:
                 f"{profile.name}: the recorded server (pid {entry.identity.get('pid')}) no longer "
                 f"holds {entry.url}; {describe_holders(int(entry.identity['port']))} does"
             )
-        elif healthy(entry.url, api_key(profile, self.env)):
+        elif self._answers(profile, entry):
             handle = ServerHandle(
                 profile=profile,
                 base_url=entry.url,
@@ -391,6 +394,31 @@ class ServerPool:
             entries.pop(entry.digest, None)
         self._stop_entry(entry, reason="it no longer answers its health probe")
         return None
+
+    def _answers(self, profile: ServerProfile, entry: Entry) -> bool:
+        """Whether a recorded server answers its health probe; one miss is probed again before
+        the server is given up (a reload costs 15-30 minutes on a real box), and either way
+        what the probes got is printed."""
+        key = api_key(profile, self.env)
+        first = probe_health(entry.url, key)
+        if first is None:
+            return True
+        self._emit(
+            f"{profile.name}: the recorded server at {entry.url} missed a health probe "
+            f"({first}); probing again in {REPROBE_PAUSE:g}s before giving it up"
+        )
+        time.sleep(REPROBE_PAUSE)
+        second = probe_health(entry.url, key)
+        if second is None:
+            self._emit(
+                f"{profile.name}: the recorded server at {entry.url} answered the second probe"
+            )
+            return True
+        self._emit(
+            f"{profile.name}: giving up the recorded server at {entry.url}: it missed two "
+            f"health probes ({first}; then {second})"
+        )
+        return False
 
     def _launch(self, profile: ServerProfile, digest: str, port: int, url: str) -> ServerHandle:
         handle = self._starter.start(profile, digest, port, url)

@@ -117,9 +117,10 @@ def wait_until_ready(
     Raises :class:`ServerStartError` when ``exit_code()`` reports an exit (or the server rejects
     the API key), :class:`ServerHungError` when the log has said "ready" for ``ready_grace``
     seconds but the probe still gets no 200 (a server frozen right after its load must not
-    hold the session for the rest of a 30-minute startup timeout), :class:`ServerTimeoutError`
-    after ``timeout`` seconds. All carry the last :data:`LOG_TAIL_LINES` log lines and the
-    log's path.
+    hold the session for the rest of a 30-minute startup timeout) or when ``timeout`` runs out
+    after it said so (a hang, named as one, not a slow load), :class:`ServerTimeoutError`
+    after ``timeout`` seconds of loading. All carry the last :data:`LOG_TAIL_LINES` log lines
+    and the log's path.
     """
     start = time.monotonic()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -175,12 +176,26 @@ def wait_until_ready(
                         log_path=log_path,
                         log_tail=tail(),
                     )
-            if ready_since is not None and time.monotonic() - ready_since >= ready_grace:
+            if ready_since is not None and (
+                time.monotonic() - ready_since >= ready_grace or elapsed >= timeout
+            ):
+                # Said "ready", then silence: a hang after the load, whichever bound ran out
+                # first. Never "raise startup_timeout": waiting longer would not help.
                 quiet = time.monotonic() - ready_since
+                bound = (
+                    f"hang bound of {ready_grace:g}s"
+                    if quiet >= ready_grace
+                    else f"startup_timeout {timeout:g}s"
+                )
+                said = next((line for line in reversed(tail()) if line.strip()), "")
                 raise ServerHungError(
-                    f"{name} logged that it is ready {quiet:.0f}s ago, but GET {paths[0]} has "
-                    f"not answered 200 since (last probe: {last}): the server is hung. Its log "
-                    "tail follows; --specdecode-stall-timeout sets how long to wait",
+                    f"{name} logged that it is ready {ready_since - start:.0f}s after its "
+                    f"launch, but GET {paths[0]} has not answered 200 in the {quiet:.0f}s since "
+                    f"(last probe: {last}); gave up at the {bound}: the "
+                    "server is hung after its load, not loading slowly, so a longer "
+                    f'startup_timeout would not help. Its last log line: "{said}"; the log '
+                    "tail follows. --specdecode-stall-timeout sets how long a server that said "
+                    "it is ready may stay silent",
                     log_path=log_path,
                     log_tail=tail(),
                 )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -266,12 +266,35 @@ def api_key(profile: ServerProfile, env: Mapping[str, str]) -> str | None:
 
 
 def healthy(url: str, api_key: str | None, timeout: float = 10.0) -> bool:
+    return probe_health(url, api_key, timeout=timeout) is None
+
+
+def probe_health(
+    url: str,
+    api_key: str | None,
+    *,
+    timeout: float = 10.0,
+    paths: Sequence[str] = ("/health_generate", "/health"),
+) -> str | None:
+    """One health probe of the server at ``url``: ``None`` when it answers 200, else what it
+    did instead (``GET /health_generate: HTTP 503``, ``...: no answer within 5s``), for the
+    message that says why the server is given up. A 404 moves on to the next of ``paths``."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    path = paths[0]
     try:
-        with httpx.Client(timeout=timeout, headers=headers, trust_env=net.trust_env(url)) as http:
-            response = http.get(f"{url}/health_generate")
-            if response.status_code == 404:
-                response = http.get(f"{url}/health")
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200
+        with httpx.Client(
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
+            headers=headers,
+            trust_env=net.trust_env(url),
+        ) as http:
+            for path in paths:
+                response = http.get(f"{url}{path}")
+                if response.status_code != 404:
+                    break
+    except httpx.TimeoutException:
+        return f"GET {path}: no answer within {timeout:g}s"
+    except httpx.HTTPError as exc:
+        return f"GET {path}: {type(exc).__name__}: {exc or 'no connection'}"
+    if response.status_code == 200:
+        return None
+    return f"GET {path}: HTTP {response.status_code}"

@@ -26,11 +26,16 @@ from pytest_specdecode.errors import (
 from pytest_specdecode.metrics import compute_run_metrics
 from pytest_specdecode.profiles.profile import ServerProfile
 from pytest_specdecode.servers.handle import ServerHandle
+from pytest_specdecode.servers.startup import probe_health
 from pytest_specdecode.settings import Settings
 from pytest_specdecode.workloads import Workload, resolve_workload
 
 if TYPE_CHECKING:
     from pytest_specdecode.servers.pool import ServerPool
+
+HUNG_PROBE_SECONDS = 5.0
+"""How long a server whose request timed out has to answer its health probe before it counts
+as hung: SGLang answers ``/health_generate`` within about a second, busy or not."""
 
 
 class ServerRunner:
@@ -154,16 +159,32 @@ class ServerRunner:
 
     def _explain_failure(self, exc: RequestError, handle: ServerHandle, when: str) -> Exception:
         """A failed request: if the server died, say so with its exit code and log tail; if it
-        hung (no token within the stall bound), fail its later tests at once and stop it."""
-        deadline = time.monotonic() + 2.0
+        hung (no token within the stall bound, or a timed-out request and then no answer to a
+        health probe either), fail its later tests at once and stop it."""
+        failed_at = time.monotonic()
+        probe = None
+        if exc.timed_out and not exc.stalled:
+            # Out of time, but hung or only slow? A live server answers its health probe
+            # within seconds even while busy; a frozen one does not, and must not make each
+            # later test of its profile wait out the request timeout again.
+            probe = probe_health(
+                handle.base_url,
+                handle.api_key,
+                timeout=HUNG_PROBE_SECONDS,
+                paths=backend_for(handle.profile).health_paths,
+            )
+        deadline = failed_at + 2.0
         code = handle.exit_code()
         while code is None and time.monotonic() < deadline and handle.origin != "attached":
             time.sleep(0.1)
             code = handle.exit_code()
-        if code is None and exc.stalled:
+        if code is None and (exc.stalled or probe is not None):
+            why = (
+                "" if probe is None else f"; then {probe}, so the server, not the request, is stuck"
+            )
             hung = ServerHungError(
-                f"server {handle.profile.name!r} ({handle.origin}) hung {when}: {exc}. Later "
-                "tests of this profile fail at once",
+                f"server {handle.profile.name!r} ({handle.origin}) hung {when}: {exc}{why}. "
+                "Later tests of this profile fail at once",
                 log_path=str(handle.log_path) if handle.log_path else None,
                 log_tail=handle.log_tail(50),
             )
@@ -173,6 +194,15 @@ class ServerRunner:
                 self.pool.mark_failed(handle.profile, hung)
             return hung
         if code is None:
+            if exc.timed_out and not exc.stalled:
+                return RequestError(
+                    f"{exc} (the server still answers its health probe, so only this request "
+                    "ran out of time: raise --specdecode-request-timeout if its responses are "
+                    "just long)",
+                    url=exc.url,
+                    status=exc.status,
+                    timed_out=True,
+                )
             return exc
         crash = ServerCrashedError(
             f"server {handle.profile.name!r} died {when} (exit code {code}); the request "

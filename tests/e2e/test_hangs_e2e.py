@@ -70,6 +70,31 @@ def test_a_server_frozen_right_after_ready_fails_within_the_stall_bound(project)
     assert project.sim_processes() == []
 
 
+def test_a_server_hung_after_ready_with_a_short_startup_timeout_is_reported_as_hung(project):
+    """#27 item 4: the startup timeout (4 s) runs out before the hang bound (stall timeout 60 s)
+    on a server that logged it is ready and then froze: the error says it hung after its load,
+    what it last said and since when, not "raise startup_timeout, loading is just slow"."""
+    project.profiles(
+        PROFILES.replace("[profiles.frozen]\n", "[profiles.frozen]\nstartup_timeout = 4\n")
+    )
+    project.tests(suite_of("frozen", "frozen"))
+    started = time.monotonic()
+    result = project.run("--specdecode-stall-timeout", "60", *RUNS)
+    took = time.monotonic() - started
+    result.assert_outcomes(errors=2)
+    out = result.stdout.str()
+    assert "ServerHungError" in out
+    assert "logged that it is ready" in out
+    assert "gave up at the startup_timeout 4s" in out
+    assert "hung after its load, not loading slowly" in out
+    assert 'Its last log line: "' in out
+    assert "Raise the profile's startup_timeout" not in out
+    assert "last phase: ready" not in out
+    assert took < 40  # the 4 s startup timeout, not the 60 s hang bound
+    assert durations(result)[("test_2_frozen", "setup")] < 1.0
+    assert project.sim_processes() == []
+
+
 def test_a_server_that_hangs_while_measured_fails_its_test_and_the_profiles_next_at_once(
     project,
 ):
@@ -99,6 +124,75 @@ def test_the_default_stall_bound_is_derived_from_what_the_warm_up_saw(project):
     assert "no token for 30s" in out
     assert "10x the longest silence within a stream seen on this server so far" in out
     assert durations(result)[("test_1_hangs", "call")] < 60
+
+
+def test_a_request_timeout_on_a_frozen_server_marks_it_hung_and_nothing_waits_again(project):
+    """#27 item 4: the request timeout (8 s) is tighter than the stall bound (30 s): the timed-out
+    request is followed by a health probe, which a frozen server does not answer, so the server
+    counts as hung: the profile's later tests fail at once, and its stop is not a 30 s wait."""
+    project.profiles(PROFILES)
+    project.tests(suite_of("hangs", "hangs", "hangs", "nospec"))
+    started = time.monotonic()
+    result = project.run("--specdecode-request-timeout", "8", *RUNS)
+    took = time.monotonic() - started
+    result.assert_outcomes(failed=1, errors=2, passed=1)
+    out = result.stdout.str()
+    assert "hung during run 1" in out
+    assert "request_timeout=8s" in out
+    assert "GET /health_generate: no answer within 5s" in out  # the probe names the cause
+    assert "Later tests of this profile fail at once" in out
+    times = durations(result)
+    # the request timeout, the probe, the hung server's 5 s stop grace, slack: no second wait
+    assert times[("test_1_hangs", "call")] < 8 + 5 + 5 + 4
+    assert times[("test_2_hangs", "setup")] < 1.0
+    assert times[("test_3_hangs", "setup")] < 1.0
+    assert times[("test_3_hangs", "teardown")] < 1.0
+    assert "hangs launched 1, reused 0, stopped 0, failed 1" in out
+    assert took < 60  # was 8 + 2 x 10.1 + 30 s of waiting on top of the runs
+    assert project.sim_processes() == []
+
+
+def test_a_request_timeout_on_a_server_that_still_answers_fails_only_that_request(project):
+    """The other side of the probe: responses longer than the request timeout on a healthy
+    server are the request's problem (raise the timeout), not a hung server's."""
+    slow = PROFILES + (
+        "\n[profiles.slowgen]\nwarmup_requests = 0\n"
+        'extra_args = ["--sim-speed", "0.25", "--sim-load-seconds", "0.2", "--sim-seed", "1"]\n'
+    )
+    project.profiles(slow)
+    project.tests(suite_of("slowgen", "slowgen"))
+    result = project.run("--specdecode-request-timeout", "2", *RUNS)
+    out = result.stdout.str()
+    result.assert_outcomes(failed=2)
+    assert "only this request ran out of time" in out
+    assert "raise --specdecode-request-timeout" in out
+    assert "hung during" not in out
+    assert "slowgen launched 1, reused 0" in out  # the second test measured the same server
+
+
+def test_a_kept_server_that_misses_one_health_probe_is_probed_again_not_reloaded(project):
+    """#27 item 4: a kept server is adopted by the next session only if it answers its health
+    probe. ``flap-health`` fails every second probe after readiness: the launching session's
+    readiness probe got the 200, so the adopting session's first probe gets a 503. One miss is
+    probed again (a reload is 15-30 minutes on a real box), and the reason is printed."""
+    project.profiles(
+        PROFILES + "\n[profiles.flaps]\n" + f'extra_args = [{FAST}, "--sim-fault", "flap-health"]\n'
+    )
+    project.tests(suite_of("flaps"))
+    first = project.run("--specdecode-keep-server", *RUNS)
+    first.assert_outcomes(passed=1)
+    assert "flaps launched 1" in first.stdout.str()
+    started = time.monotonic()
+    second = project.run(*RUNS)
+    took = time.monotonic() - started
+    second.assert_outcomes(passed=1)
+    out = second.stdout.str()
+    assert "missed a health probe (GET /health_generate: HTTP 503); probing again" in out
+    assert "answered the second probe" in out
+    assert "flaps launched 0, reused 1" in out  # no reload for one missed probe
+    assert "giving up the recorded server" not in out
+    assert took < 60
+    assert project.sim_processes() == []
 
 
 # -- --server-host that is not a ready SGLang ------------------------------------------------

@@ -28,6 +28,7 @@ from pytest_specdecode.baselines.baseline import (
 from pytest_specdecode.baselines.refs import OWN, BaselineLookup
 from pytest_specdecode.baselines.store import BaselineStore, BaselineUpdate
 from pytest_specdecode.errors import BaselineError, ConfigError
+from pytest_specdecode.files import STALE_TEMP_SECONDS, _host, remove_stale_temp_files
 from pytest_specdecode.fingerprint import Fingerprint
 from pytest_specdecode.redaction import REDACTED, is_secret_name, redact
 from pytest_specdecode.session.provenance import (
@@ -989,3 +990,124 @@ def test_a_missing_against_baseline_names_who_records_it(tmp_path: Path) -> None
     assert "no stored baseline of profile 'nospec'" in problem
     assert "against= compares with the baseline a test of that profile records" in problem
     assert problem.endswith(hint)
+
+
+# ------------------------------------------------------- concurrent sessions, one baselines tree
+
+STRESS_ROUNDS = 60
+STRESS_FILES = 3  # test ids each session writes per round, as a session of several tests does
+
+
+def _stress_values(session: int, round_: int, index: int) -> tuple[float, ...]:
+    return tuple(float(session * 100_000 + round_ * 10 + index) + k / 100 for k in range(200))
+
+
+def _stress_session(
+    root: str, lock_dir: str, session: int, barrier: Any, errors: Any, rounds: int
+) -> None:
+    """Child process: one --update-baselines session with its own state directory (so its own
+    lock directory), writing the same baselines as the other session, round by round."""
+    store = BaselineStore(Path(root), lock_dir=Path(lock_dir))
+    for round_ in range(rounds):
+        barrier.wait(60)  # both sessions start the round's writes at the same moment
+        for index in range(STRESS_FILES):
+            record = make_record(
+                f"tests/test_rel.py::test_{index}",
+                samples={"tok_s": _stress_values(session, round_, index)},
+            )
+            try:
+                store.write(record)
+            except Exception as exc:  # a lost write: the test reports every one of them
+                errors.put(f"session {session}, round {round_ + 1}, test_{index}: {exc}")
+        barrier.wait(60)  # the round is over for both: what is on disk must be one of theirs
+        for index in range(STRESS_FILES):
+            found = store.load(HW, f"tests/test_rel.py::test_{index}")
+            mine, theirs = (_stress_values(s, round_, index) for s in (session, 1 - session))
+            if found is None or found.samples["tok_s"] not in (mine, theirs):
+                errors.put(f"session {session}, round {round_ + 1}, test_{index}: not written")
+        barrier.wait(60)  # nobody starts the next round while the other still reads
+
+
+def test_two_sessions_writing_one_baselines_tree_never_lose_a_write(tmp_path: Path) -> None:
+    """#27 item 4: two --update-baselines sessions with their own state directories (so their
+    own lock directories) write the same baselines at the same moment, round after round. No
+    write may fail (one session's clean-up of stale temp files removed the other's live temp
+    file before its rename: "could not write ... .test_d.json.<random>.tmp: No such file"), and
+    no temp file may be left behind."""
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(2)
+    errors = context.Queue()
+    root = tmp_path / "baselines"
+    sessions = [
+        context.Process(
+            target=_stress_session,
+            args=(str(root), str(tmp_path / f"state-{s}" / "locks"), s, barrier, errors, rounds),
+        )
+        for s, rounds in ((0, STRESS_ROUNDS), (1, STRESS_ROUNDS))
+    ]
+    for child in sessions:
+        child.start()
+    for child in sessions:
+        child.join(300)
+    lost = []
+    while not errors.empty():
+        lost.append(errors.get())
+    assert [child.exitcode for child in sessions] == [0, 0], lost
+    assert lost == [], f"{len(lost)} of {2 * STRESS_ROUNDS * STRESS_FILES} writes lost: {lost[:5]}"
+    leftovers = [p.name for p in root.rglob("*") if p.is_file() and p.suffix != ".json"]
+    assert leftovers == []
+
+
+def test_stale_temp_clean_up_removes_only_temp_files_whose_writer_is_gone(tmp_path: Path) -> None:
+    path = tmp_path / "test_d.json"
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    old = datetime.now(timezone.utc).timestamp() - STALE_TEMP_SECONDS - 60
+    names = {
+        "live writer here": f".test_d.json.{live.pid}@{_host()}.abcd1234.tmp",
+        "dead writer here": f".test_d.json.{dead.pid}@{_host()}.abcd1234.tmp",
+        "other host, fresh": ".test_d.json.42@elsewhere.abcd1234.tmp",
+        "other host, old": ".test_d.json.43@elsewhere.abcd1234.tmp",
+        "older plugin, fresh": ".test_d.json.abcd1234.tmp",
+        "older plugin, old": ".test_d.json.efgh5678.tmp",
+        "not a temp file": ".test_d.json.notes.tmp",
+    }
+    try:
+        for what, name in names.items():
+            (tmp_path / name).write_text("{}")
+            if what.endswith(", old"):
+                os.utime(tmp_path / name, (old, old))
+        remove_stale_temp_files(path)
+        left = {what for what, name in names.items() if (tmp_path / name).exists()}
+    finally:
+        live.kill()
+        live.wait()
+    assert left == {
+        "live writer here",
+        "other host, fresh",
+        "older plugin, fresh",
+        "not a temp file",
+    }
+
+
+def test_a_write_whose_temp_file_vanished_before_the_rename_is_done_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older plugin's clean-up may still remove a live temp file: the write is not lost."""
+    store = BaselineStore(tmp_path)
+    real_replace = os.replace
+    removed: list[str] = []
+
+    def clean_up_first(src: str, dst: str) -> None:
+        if not removed:
+            removed.append(src)
+            os.unlink(src)  # another writer's clean-up, just before our rename
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", clean_up_first)
+    record = make_record(samples={"tok_s": (3.0, 3.1)})
+    path = store.write(record).path
+    assert removed
+    assert store.load(HW, TEST_ID) == record
+    assert [p.name for p in path.parent.iterdir()] == [path.name]

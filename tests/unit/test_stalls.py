@@ -70,3 +70,31 @@ def test_a_server_still_loading_is_waited_for_until_the_startup_timeout(tmp_path
         )
     assert not isinstance(caught.value, ServerHungError)
     assert "last phase: loading" in str(caught.value)
+
+
+def test_a_startup_timeout_after_ready_is_a_hang_with_what_the_server_last_said(tmp_path):
+    """#27 item 4: the startup timeout runs out before the hang bound on a server that said it
+    is ready: a hang, named with its last log line, never "raise startup_timeout"."""
+
+    def frozen(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503)
+
+    log = _ready_log(tmp_path)
+    with log.path.open("a") as fh:
+        fh.write("ERROR: Health check failed. Server couldn't get a response from detokenizer\n")
+    with pytest.raises(ServerHungError) as caught:
+        wait_until_ready(
+            "http://127.0.0.1:1",
+            name="server 'x'",
+            timeout=0.3,
+            log=log,
+            transport=httpx.MockTransport(frozen),
+            poll_interval=0.01,
+            ready_grace=60,
+        )
+    text = str(caught.value)
+    assert "server 'x' logged that it is ready 0s after its launch" in text
+    assert "(last probe: HTTP 503); gave up at the startup_timeout 0.3s" in text
+    assert "hung after its load, not loading slowly" in text
+    assert 'Its last log line: "ERROR: Health check failed.' in text
+    assert "Raise the profile's startup_timeout" not in text
