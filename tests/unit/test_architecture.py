@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_specdecode.profiles.kinds.registry import KINDS
+
 PACKAGE = Path(__file__).resolve().parents[2] / "pytest_specdecode"
 
 
@@ -113,8 +115,8 @@ def test_only_the_plugin_imports_pytest() -> None:
 
 
 KINDS_FOLDER = PACKAGE / "profiles" / "kinds"
-LAUNCHER_NAMES = frozenset({"sglang", "docker", "sim", "llamacpp"})
-"""The registered kinds' names (tests/unit/test_kinds.py checks the registry has these)."""
+LAUNCHER_NAMES = frozenset(KINDS)
+"""The registered kinds' names: a new kind's name is counted as soon as it is registered."""
 
 
 def _is_kind_literal(node: ast.expr) -> bool:
