@@ -79,8 +79,10 @@ def test_a_profile_resolves_to_its_kind() -> None:
 
 
 def test_an_unknown_launcher_names_the_kinds() -> None:
-    with pytest.raises(ValueError, match="unknown launcher 'vllm'; the server kinds are sglang"):
-        kind_of("vllm")
+    with pytest.raises(
+        ValueError, match="unknown launcher 'no-such-kind'; the server kinds are sglang"
+    ):
+        kind_of("no-such-kind")
 
 
 def test_a_recorded_identity_is_a_container_only_by_its_kind() -> None:
