@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_specdecode.adapters import LlamaCppCompletions, ProtocolAdapter, adapter_for, excerpt
 from pytest_specdecode.errors import ConfigError, RequestError
-from pytest_specdecode.profiles.llamacpp import LAUNCHER as LLAMACPP
+from pytest_specdecode.profiles.kinds.llamacpp import LAUNCHER as LLAMACPP
 from pytest_specdecode.profiles.profile import ArgMismatch, ServerProfile, compare_server_args
 from pytest_specdecode.workloads import APIS, Workload
 
@@ -192,10 +192,9 @@ class Backend(Protocol):
 
 
 def backend_for(profile: ServerProfile) -> Backend:
-    """llama.cpp for ``launcher = "llamacpp"``, SGLang (real or simulated) for the others."""
-    if profile.launcher == LLAMACPP:
-        return LlamaCppBackend(profile)
-    return SglangBackend(profile)
+    """The backend its kind names (``ServerKind.backend``): llama.cpp for ``launcher =
+    "llamacpp"``, SGLang (real or simulated) for the others."""
+    return BACKENDS[profile.kind.backend](profile)
 
 
 # -- SGLang ------------------------------------------------------------------------------------
@@ -512,6 +511,12 @@ class LlamaCppBackend:
                 "use a newer llama-server",
                 "/metrics",
             ) from None
+
+
+BACKENDS: Mapping[str, Callable[[ServerProfile], Backend]] = {
+    backend.name: backend for backend in (SglangBackend, LlamaCppBackend)
+}
+"""The backends by name: a server kind names the one its servers speak (``ServerKind.backend``)."""
 
 
 def _spec_count(spec: Mapping[str, object], key: str) -> int:

@@ -4,7 +4,7 @@
 fingerprint, the arguments a running server must report); ``loader`` reads and validates the
 file; ``fields`` checks the value of each profile key; ``values`` checks single TOML values;
 ``sglang_env`` names the variables SGLang overwrites; ``llamacpp`` is llama.cpp's half of a
-profile.
+profile; ``kinds/`` is what differs between the launchers, one module a kind.
 """
 
 from __future__ import annotations

@@ -17,9 +17,8 @@ from types import MappingProxyType
 from typing import Any
 
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.profiles.llamacpp import (
-    LAUNCHER as LLAMACPP,
-)
+from pytest_specdecode.profiles.kinds.llamacpp import LAUNCHER as LLAMACPP
+from pytest_specdecode.profiles.kinds.registry import KINDS
 from pytest_specdecode.profiles.llamacpp import (
     SPEC_TYPES as LLAMACPP_SPEC_TYPES,
 )
@@ -43,8 +42,8 @@ from pytest_specdecode.profiles.values import strings as _strings
 
 # -- what the values may be -------------------------------------------------------------------
 
-LAUNCHERS: tuple[str, ...] = ("sglang", "docker", "sim", "llamacpp")
-"""How a server is started; a new launcher is added here and in ServerProfile.launch_argv.
+LAUNCHERS: tuple[str, ...] = tuple(KINDS)
+"""How a server is started: the registered kinds (:mod:`pytest_specdecode.profiles.kinds`).
 ``llamacpp`` runs llama.cpp's ``llama-server`` (:mod:`pytest_specdecode.profiles.llamacpp`)."""
 SPEC_ALGORITHMS: tuple[str, ...] = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 DRAFT_FREE_ALGORITHMS = frozenset({"NEXTN", "NGRAM"})

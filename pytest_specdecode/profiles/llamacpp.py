@@ -31,11 +31,10 @@ from pathlib import Path
 from types import MappingProxyType
 
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.profiles.kinds.llamacpp import DEFAULT_BINARY, LAUNCHER
 from pytest_specdecode.profiles.values import check_keys, fail, integer, string
 
-LAUNCHER = "llamacpp"
 BINARY_ENV = "SPECDECODE_LLAMA_SERVER"
-DEFAULT_BINARY = "llama-server"
 
 SPEC_TYPES: Mapping[str, str] = MappingProxyType(
     {

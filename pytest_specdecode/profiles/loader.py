@@ -29,9 +29,10 @@ from pytest_specdecode.profiles.fields import (
     llamacpp_speculative,
     sglang_speculative,
 )
-from pytest_specdecode.profiles.llamacpp import (
-    LAUNCHER as LLAMACPP,
-)
+from pytest_specdecode.profiles.kinds.base import SGLANG_MODULE
+from pytest_specdecode.profiles.kinds.llamacpp import LAUNCHER as LLAMACPP
+from pytest_specdecode.profiles.kinds.registry import kind_of
+from pytest_specdecode.profiles.kinds.sim import SIM_MODULE
 from pytest_specdecode.profiles.llamacpp import (
     LlamaCppOptions,
 )
@@ -44,9 +45,6 @@ from pytest_specdecode.profiles.profile import (
     DEFAULT_SHM_SIZE,
     DEFAULT_STARTUP_TIMEOUT,
     DEFAULT_WARMUP_REQUESTS,
-    SGLANG_MODULE,
-    SIM_MODULE,
-    SIMULATED_LAUNCHERS,
     TARGET_REAL,
     DockerOptions,
     FrozenMap,
@@ -159,7 +157,7 @@ class _Loader:
                 source=self.where(f"targets.{TARGET_REAL}"),
             )
         for name, overlay in overlays.items():
-            if overlay.get("launcher") == LLAMACPP:
+            if "launcher" in overlay and kind_of(overlay["launcher"]).llamacpp_options:
                 raise ConfigError(
                     f'launcher = "{LLAMACPP}" cannot be a target: a llama.cpp server '
                     "is a profile of its own (its speculative settings, threads and models are "
@@ -390,7 +388,7 @@ class _Loader:
     ) -> ServerProfile:
         merged = {**defaults, **own}
         where = self.where(f"profiles.{name}")
-        if merged.get("launcher", DEFAULT_LAUNCHER) == LLAMACPP:
+        if kind_of(merged.get("launcher", DEFAULT_LAUNCHER)).llamacpp_options:
             # llama-server runs on any machine: a target's overlay (which swaps SGLang for the
             # simulated server or a container) does not apply to it.
             return self._build_llamacpp(name, merged, own, where, target)
@@ -418,14 +416,15 @@ class _Loader:
         launcher: str = merged.get("launcher", DEFAULT_LAUNCHER)
         tp_size: int = merged.get("tp_size", 1)
         extra_args: tuple[str, ...] = tuple(merged.get("extra_args", ()))
+        kind = kind_of(launcher)
         server_module: str | None = merged.get("server_module")
-        if server_module is not None and launcher in SIMULATED_LAUNCHERS:
+        if server_module is not None and not kind.takes_server_module:
             raise ConfigError(
                 f"server_module = {server_module!r} does not apply to launcher {launcher!r}, "
                 f"which always runs {SIM_MODULE}; remove it",
                 source=where,
             )
-        simulated = launcher in SIMULATED_LAUNCHERS or server_module == SIM_MODULE
+        simulated = kind.simulated or server_module == SIM_MODULE
         if not simulated:
             sim_flags = [flag for flag, _ in flag_groups(extra_args) if flag.startswith("--sim-")]
             if sim_flags:
@@ -446,10 +445,11 @@ class _Loader:
                 source=where,
             )
         docker = None
-        if launcher == "docker":
+        if kind.in_container:
             if "image" not in merged:
                 raise ConfigError(
-                    'launcher "docker" needs image = "..." (e.g. "lmsysorg/sglang:v0.5.5.post2")',
+                    f'launcher "{launcher}" needs image = "..." '
+                    '(e.g. "lmsysorg/sglang:v0.5.5.post2")',
                     source=where,
                 )
             docker = DockerOptions(
@@ -459,7 +459,7 @@ class _Loader:
                 network=merged.get("network", "host"),
             )
         hosts: tuple[str, ...] = merged.get("hosts", ())
-        if "hosts" in own_layers and launcher != "docker" and target == TARGET_REAL:
+        if "hosts" in own_layers and not kind.placed_on_hosts and target == TARGET_REAL:
             _fail(
                 where,
                 "hosts",
@@ -495,12 +495,12 @@ class _Loader:
             startup_timeout=merged.get("startup_timeout", DEFAULT_STARTUP_TIMEOUT),
             warmup_requests=merged.get("warmup_requests", DEFAULT_WARMUP_REQUESTS),
             server_module=server_module,
-            python=merged.get("python") if launcher == "sglang" else None,
+            python=merged.get("python") if kind.own_python else None,
             docker=docker,
             api_key_env=merged.get("api_key_env"),
             target=target,
             source=where,
-            hosts=hosts if launcher == "docker" else (),
+            hosts=hosts if kind.placed_on_hosts else (),
         )
         self.warnings.extend(w for w in sglang_env_warnings(profile) if w not in self.warnings)
         return profile

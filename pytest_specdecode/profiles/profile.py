@@ -44,25 +44,25 @@ from types import MappingProxyType
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.fingerprint import Fingerprint
 from pytest_specdecode.fleet import EngineTLS, HostSpec
-from pytest_specdecode.profiles.llamacpp import DEFAULT_BINARY, LlamaCppOptions
+from pytest_specdecode.profiles.kinds.base import ServerKind
+from pytest_specdecode.profiles.kinds.registry import kind_of
+from pytest_specdecode.profiles.kinds.sim import SIM_MODULE
+from pytest_specdecode.profiles.llamacpp import LlamaCppOptions
 from pytest_specdecode.redaction import is_secret_flag
 from pytest_specdecode.sglang_releases import flag_dest
 
-SIMULATED_LAUNCHERS = frozenset({"sim"})
 ALGORITHM_MARKERS: tuple[str, ...] = ("eagle3", "eagle", "nextn", "ngram", "standalone", "nospec")
 NOSPEC = "nospec"
 ALGORITHM_ALIASES: Mapping[str, str] = MappingProxyType({"NEXTN": "EAGLE"})
 """SGLang resolves NEXTN to EAGLE in ``ServerArgs.__post_init__`` (sglang-api.md §5)."""
 
 TARGET_REAL = "real"
+TARGET_SIM = "sim"  # the overlay chosen when no GPU is found
 DEFAULT_LAUNCHER = "sglang"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_STARTUP_TIMEOUT = 1800.0  # the seed's loads took ~900 s; twice that before giving up
 DEFAULT_WARMUP_REQUESTS = 2
 DEFAULT_SHM_SIZE = "32g"  # SGLang's docker instructions
-SGLANG_MODULE = "sglang.launch_server"
-SIM_MODULE = "pytest_specdecode.sim"
-DOCKER_PYTHON = "python3"  # the interpreter inside the lmsysorg/sglang images
 LOCAL_NO_PROXY: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
 """SGLang's warm-up request goes to localhost through ``requests``, which honours http_proxy;
 a proxy then fails the warm-up with 502 (sglang-api.md §7 pitfall 4)."""
@@ -248,15 +248,18 @@ class ServerProfile:
         return self.speculative.algorithm.lower() if self.speculative else NOSPEC
 
     @property
+    def kind(self) -> ServerKind:
+        """What the launcher of this profile is (:mod:`pytest_specdecode.profiles.kinds`)."""
+        return kind_of(self.launcher)
+
+    @property
     def simulated(self) -> bool:
-        return self.launcher in SIMULATED_LAUNCHERS or self.module == SIM_MODULE
+        return self.kind.simulated or self.module == SIM_MODULE
 
     @property
     def module(self) -> str:
         """The module that serves: the sim for launcher ``sim``, else ``server_module``."""
-        if self.launcher in SIMULATED_LAUNCHERS:
-            return SIM_MODULE
-        return self.server_module or SGLANG_MODULE
+        return self.kind.serving_module(self.server_module)
 
     def server_args(self, *, host: str, port: int) -> list[str]:
         """The server flags of this profile (SGLang's, or llama-server's for ``llamacpp``).
@@ -278,15 +281,7 @@ class ServerProfile:
         container's command (the image brings its own interpreter); for llamacpp ``binary``
         (resolved by the launcher from the environment), else the profile's, else
         ``llama-server``, then :meth:`server_args`."""
-        if self.llamacpp is not None:
-            head = [binary or self.llamacpp.binary or DEFAULT_BINARY]
-        elif self.launcher == "sim":
-            head = [sys.executable, "-m", self.module]
-        elif self.launcher == "docker":
-            head = [DOCKER_PYTHON, "-m", self.module]
-        else:
-            head = [self.python or sys.executable, "-m", self.module]
-        return head + self.server_args(host=host, port=port)
+        return self.kind.command(self, host=host, port=port, binary=binary)
 
     def launch_env(self, base: Mapping[str, str]) -> dict[str, str]:
         """The server's environment: ``base`` (usually ``os.environ``) without inherited
@@ -304,7 +299,7 @@ class ServerProfile:
             if name in self.env or not name.startswith(SCRUBBED_ENV_PREFIXES)
         }
         env.update(self.env)
-        if self.launcher in ("sglang", "llamacpp"):
+        if self.kind.local_gpus:
             env["CUDA_VISIBLE_DEVICES"] = self._visible_devices(base.get("CUDA_VISIBLE_DEVICES"))
         hosts = list(dict.fromkeys([*LOCAL_NO_PROXY, self.host]))
         hosts = [h for h in hosts if h not in ("0.0.0.0", "", "::")]
@@ -370,7 +365,7 @@ class ServerProfile:
         soft: dict[str, object] = {"launcher": self.launcher}
         if self.server_module is not None:
             soft["server_module"] = self.module
-        if self.launcher == "sglang":
+        if self.kind.own_python:
             soft["python"] = self.python or sys.executable
         if self.docker is not None:
             soft["image"] = self.docker.image

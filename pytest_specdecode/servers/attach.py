@@ -31,7 +31,7 @@ import httpx
 from pytest_specdecode import net
 from pytest_specdecode.backends import backend_for
 from pytest_specdecode.errors import AttachError, ConfigError
-from pytest_specdecode.profiles.profile import ProfileFile, ServerProfile
+from pytest_specdecode.profiles.profile import TARGET_SIM, ProfileFile, ServerProfile
 from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.servers.handle import ServerHandle
 
@@ -140,8 +140,6 @@ def _status_hint(code: int) -> str:
 
 
 SGLANG_DEFAULT_PORT = 30000
-ATTACH_KINDS = {"sglang": "SGLang", "llamacpp": "llama-server"}
-"""The server kinds' names in the attach messages, by backend name."""
 
 
 def attach(profile: ServerProfile, server_host: str, env: Mapping[str, str]) -> ServerHandle:
@@ -154,7 +152,7 @@ def attach(profile: ServerProfile, server_host: str, env: Mapping[str, str]) -> 
         api_key = env.get(profile.api_key_env)
     wait_attached(
         url,
-        kind=ATTACH_KINDS.get(backend.name, backend.name),
+        kind=profile.kind.server_name,
         health_paths=backend.health_paths,
         timeout=min(60.0, profile.startup_timeout),
         api_key=api_key,
@@ -170,8 +168,8 @@ def attached_target(server_host: str, probe: ProfileFile, config: Path) -> tuple
     url = attach_url(server_host, SGLANG_DEFAULT_PORT)
     simulated, problem = reports_simulated(url)
     if simulated:
-        if "sim" in probe.targets:
-            return "sim", f'the server at {url} reports "simulated": true'
+        if TARGET_SIM in probe.targets:
+            return TARGET_SIM, f'the server at {url} reports "simulated": true'
         return "real", (
             f'the server at {url} reports "simulated": true, but '
             f"{config} has no [targets.sim]: its real profiles are compared"

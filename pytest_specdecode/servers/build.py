@@ -8,7 +8,7 @@ shell (``SGLANG_*`` switches, the simulator's injected ``SPECDECODE_SIM_SLOWDOWN
 be reused only by a session that would launch the same build, so the pool keys its servers by
 fingerprint *and* build (:class:`BuildKey`).
 
-What is read, per launcher:
+What is read, per launcher (each kind's ``build_parts`` in :mod:`pytest_specdecode.profiles.kinds`):
 
 * ``sglang``: the interpreter's real path and, asked of that interpreter without importing
   SGLang (``importlib.metadata``, well under a second), SGLang's version and a hash of the
@@ -29,16 +29,12 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-import pytest_specdecode
+from pytest_specdecode.profiles.kinds.base import BuildFacts
+from pytest_specdecode.profiles.kinds.registry import KINDS, kind_of
 from pytest_specdecode.redaction import SPEED_ENV_PATTERNS, is_secret_name
 
 BUILD_ENV_PATTERNS: tuple[str, ...] = (
@@ -49,19 +45,6 @@ BUILD_ENV_PATTERNS: tuple[str, ...] = (
     "LD_PRELOAD",
 )
 """Launch-environment variables that make two launches of one profile different builds."""
-
-# Run in the server's interpreter: metadata only, so it takes milliseconds, not SGLang's import.
-_PROBE = """
-import hashlib, json, importlib.metadata as m
-try:
-    d = m.distribution("sglang")
-except m.PackageNotFoundError:
-    print(json.dumps({"sglang": None}))
-else:
-    record = d.read_text("RECORD") or d.read_text("direct_url.json") or ""
-    print(json.dumps({"sglang": d.version,
-                      "record": hashlib.sha256(record.encode()).hexdigest()[:16]}))
-"""
 
 
 @dataclass(frozen=True)
@@ -75,17 +58,8 @@ class BuildKey:
     def describe(self) -> str:
         """``SGLang 0.5.15 in /venv/bin/python`` or ``image sha256:ab12...``: the build's
         headline, without the environment."""
-        parts = self.parts
-        if parts.get("image_id"):
-            return f"image {parts.get('image')} ({str(parts['image_id'])[:19]})"
-        if "sglang" in parts:
-            version = parts["sglang"] or "no SGLang installed"
-            return f"SGLang {version} in {parts.get('python')}"
-        if "binary" in parts:
-            return f"llama-server {parts['binary']}"
-        if "sim" in parts:
-            return f"the simulator of pytest-specdecode {parts['sim']}"
-        return "an unknown build"
+        kind = KINDS.get(str(self.parts.get("launcher")))
+        return kind.describe_build(self.parts) if kind is not None else "an unknown build"
 
     def differences(self, other: Mapping[str, Any]) -> list[str]:
         """What differs between this build and another's recorded ``parts``: field names and
@@ -113,22 +87,11 @@ def build_key(
     binary: str | None = None,
     engine: str | None = None,
 ) -> BuildKey:
-    """The build of one launch (see the module docstring for what each launcher reads)."""
+    """The build of one launch (see the module docstring for what each launcher reads: its
+    kind's :meth:`~pytest_specdecode.profiles.kinds.base.ServerKind.build_parts`)."""
+    facts = BuildFacts(python=python, image=image, image_id=image_id, binary=binary, engine=engine)
     parts: dict[str, Any] = {"launcher": launcher}
-    if launcher == "sim":
-        parts["sim"] = f"{pytest_specdecode.__version__}+{_sim_sources_hash()}"
-        parts["python"] = os.path.realpath(sys.executable)
-    elif launcher == "docker":
-        parts["image"] = image
-        parts["image_id"] = image_id
-        if engine:  # a host of the fleet: its server is another server than another host's
-            parts["engine"] = engine
-    elif launcher == "llamacpp":
-        parts["binary"] = _file_stamp(binary) if binary else None
-    else:
-        interpreter = python or sys.executable
-        parts["python"] = os.path.realpath(interpreter)
-        parts.update(_sglang_of(parts["python"]))
+    parts.update(kind_of(launcher).build_parts(facts))
     parts["env"] = _build_env(launch_env)
     text = json.dumps(parts, sort_keys=True, default=str)
     return BuildKey(key=hashlib.sha256(text.encode()).hexdigest()[:16], parts=parts)
@@ -143,49 +106,3 @@ def _build_env(env: Mapping[str, str]) -> dict[str, str]:
                 value = "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:16]
             out[name] = value
     return out
-
-
-def _file_stamp(path: str) -> str:
-    real = os.path.realpath(path)
-    try:
-        stat = os.stat(real)
-    except OSError:
-        return f"{real} (missing)"
-    return f"{real} ({stat.st_size} bytes, mtime {stat.st_mtime_ns})"
-
-
-@lru_cache(maxsize=16)
-def _sglang_of(python: str) -> dict[str, Any]:
-    """SGLang's version and record hash in ``python`` (cached: an interpreter's packages do not
-    change within one pytest session). An interpreter that cannot be run gives no version;
-    the launch then fails with its own message."""
-    try:
-        done = subprocess.run(
-            [python, "-c", _PROBE],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        data = json.loads(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return {"sglang": None, "probe": "failed"}
-    return {"sglang": data.get("sglang"), "record": data.get("record")}
-
-
-#: Files outside ``sim/`` whose content the simulator's behaviour depends on: the per-release
-#: flags and fields its parser and ``/server_info`` are built from.
-SIM_SHARED_SOURCES: tuple[str, ...] = ("sglang_releases.py", "sglang_releases.json")
-
-
-@lru_cache(maxsize=1)
-def _sim_sources_hash() -> str:
-    package = Path(pytest_specdecode.__file__).parent
-    sim = package / "sim"
-    paths = [p for p in sim.rglob("*") if p.is_file() and p.suffix in (".py", ".toml", ".json")]
-    paths += [package / name for name in SIM_SHARED_SOURCES]
-    digest = hashlib.sha256()
-    for path in sorted(paths):
-        digest.update(path.relative_to(package).as_posix().encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.fleet import EngineTLS
+from pytest_specdecode.profiles.kinds.registry import recorded_in_container
 from pytest_specdecode.profiles.llamacpp import resolve_binary
 from pytest_specdecode.profiles.profile import (
     ServerProfile,
@@ -45,7 +46,7 @@ def make_launcher(
     def secrets(argv: list[str]) -> list[str]:  # "${NAME}" of credential flags, from env
         return expand_secret_references(argv, env, profile=profile.name, source=profile.source)
 
-    if profile.launcher == "docker":
+    if profile.kind.in_container:
         from pytest_specdecode.servers.docker.engine import container_bind_host
         from pytest_specdecode.servers.docker.launcher import DockerLauncher
 
@@ -100,11 +101,9 @@ def build_of(profile: ServerProfile, env: Mapping[str, str]) -> BuildKey:
             binary = resolve_binary(profile.llamacpp.binary, env, source=profile.source)
         except ConfigError:
             binary = None
-    if profile.launcher == "docker" and profile.docker is not None:
+    if profile.kind.in_container and profile.docker is not None:
         image_id = _image_id(profile.docker.image, profile.docker_host, profile.docker_tls)
-    launch_env = (
-        profile.launch_env({}) if profile.launcher == "docker" else _launch_env(profile, env)
-    )
+    launch_env = profile.launch_env({}) if profile.kind.in_container else _launch_env(profile, env)
     return build_key(
         profile.launcher,
         python=profile.python,
@@ -140,7 +139,11 @@ def identity_serves(identity: ServerIdentity) -> bool | None:
     """Whether the recorded server still holds its port (``None``: cannot tell): a server kept
     by an earlier session that died, its port then taken by another, must not be reused."""
     pid, port = identity.get("pid"), identity.get("port")
-    if identity.get("kind") == "docker" or not isinstance(pid, int) or not isinstance(port, int):
+    if (
+        recorded_in_container(identity.get("kind"))
+        or not isinstance(pid, int)
+        or not isinstance(port, int)
+    ):
         return None
     from pytest_specdecode.servers.ports import session_holds_port
 
@@ -148,7 +151,7 @@ def identity_serves(identity: ServerIdentity) -> bool | None:
 
 
 def identity_alive(identity: ServerIdentity) -> bool:
-    if identity.get("kind") == "docker":
+    if recorded_in_container(identity.get("kind")):
         from pytest_specdecode.servers.docker.recorded import docker_server_alive
 
         return docker_server_alive(identity)
@@ -162,7 +165,7 @@ def identity_alive(identity: ServerIdentity) -> bool:
 
 def stop_identity(identity: ServerIdentity, *, grace: float) -> bool:
     """Stop a recorded server; ``False`` when it could not be (its engine did not answer)."""
-    if identity.get("kind") == "docker":
+    if recorded_in_container(identity.get("kind")):
         from pytest_specdecode.servers.docker.recorded import stop_docker_server
 
         return stop_docker_server(identity, grace)

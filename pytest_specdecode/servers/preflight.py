@@ -154,13 +154,17 @@ def preflight(
     return _judge(profile, python, answer)
 
 
+SGLANG_PACKAGE = "sglang"
+"""The Python package the interpreter could not import (not a launcher name)."""
+
+
 def _judge(profile: ServerProfile, python: str, answer: Mapping[str, Any]) -> PreflightResult:
     version = answer.get("version")
     who = f"SGLang {version}" if version else "SGLang"
     stage, error = answer.get("stage"), str(answer.get("error") or "")
     if stage == "import":
         missing = answer.get("missing")
-        if missing in ("sglang", None) or str(missing).startswith("sglang"):
+        if missing in (SGLANG_PACKAGE, None) or str(missing).startswith(SGLANG_PACKAGE):
             return PreflightResult(
                 None,
                 problem=f"{python} cannot import SGLang ({error}); install it there or set "

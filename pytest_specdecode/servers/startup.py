@@ -89,7 +89,7 @@ class ServerStarter:
                 entries.pop(digest, None)
             raise ServerStartError(f"server {profile.name!r} cannot be started: {exc}") from None
         self._check_port_free(profile, digest, launcher)
-        if self.preflight and profile.launcher == "sglang":
+        if self.preflight and profile.kind.sglang_preflight:
             self._preflight(profile, port, digest)
         self.counts.launched[profile.name] += 1
         self._emit(f"{profile.name}: starting ({profile.launcher}) on {url}; log: {log_path}")

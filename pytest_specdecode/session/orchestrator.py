@@ -31,7 +31,7 @@ from pytest_specdecode.errors import BaselineError, ConfigError, ServerError, Se
 from pytest_specdecode.fleet import EngineTLS, Need, Placement, device_gpus, engine, place
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.profiles.loader import load_profiles
-from pytest_specdecode.profiles.profile import ProfileFile, ServerProfile
+from pytest_specdecode.profiles.profile import TARGET_SIM, ProfileFile, ServerProfile
 from pytest_specdecode.result import SpecdecodeResult
 from pytest_specdecode.servers.attach import (
     SGLANG_DEFAULT_PORT,
@@ -177,8 +177,8 @@ class SpecdecodeSession:
                     )
                 elif self.gpus is not None:
                     target, self._target_reason = "real", f"{len(self.gpus.names)} GPU(s) found"
-                elif "sim" in probe.targets:
-                    target = "sim"
+                elif TARGET_SIM in probe.targets:
+                    target = TARGET_SIM
                     self._target_reason = "no GPU found: figures are simulated"
                 else:
                     target, self._target_reason = "real", "no [targets.sim] in the profile file"
@@ -209,7 +209,7 @@ class SpecdecodeSession:
                 indices=profiles[name].gpus,
             )
             for name, count in demand.items()
-            if profiles[name].launcher == "docker"
+            if profiles[name].kind.placed_on_hosts
         }
         self._placement = place(needs, list(hosts.values()), source=str(self.settings.config))
         engines: dict[str, tuple[str | None, EngineTLS | None]] = {}

@@ -38,6 +38,9 @@ class GpuInfo:
         return {"names": list(self.names), "count": self.count, "driver": self.driver}
 
 
+SGLANG_BACKEND = "sglang"
+"""``server_info["backend"]`` of an SGLang server (``backends.SglangBackend.name``): a backend,
+not a launcher (sglang, docker and sim servers all report it)."""
 _NVIDIA_SMI = ("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader")
 
 
@@ -131,7 +134,7 @@ def collect_provenance(
     info = server_info or {}
     moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     version = info.get("version")
-    backend = str(info.get("backend") or "sglang")
+    backend = str(info.get("backend") or SGLANG_BACKEND)
     simulated = info.get("simulated")
     return {
         "time_utc": moment.isoformat(timespec="seconds").replace("+00:00", "Z"),
@@ -142,7 +145,7 @@ def collect_provenance(
         "hostname": socket.gethostname(),
         "server": backend,
         "server_version": None if version is None else str(version),
-        "sglang_version": None if version is None or backend != "sglang" else str(version),
+        "sglang_version": None if version is None or backend != SGLANG_BACKEND else str(version),
         "gpu": gpu.to_json() if gpu is not None else None,
         "env": speed_env(env),
         "simulated": None if simulated is None else bool(simulated),

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_specdecode.profiles.kinds.registry import KINDS
+
 PACKAGE = Path(__file__).resolve().parents[2] / "pytest_specdecode"
 
 
@@ -306,3 +308,66 @@ def test_a_simulator_process_loads_no_core_module() -> None:
     loaded = modules_loaded_by("import pytest_specdecode.sim.__main__")
     core = {name for name in loaded if name.startswith("pytest_specdecode") and not in_sim(name)}
     assert core == {"pytest_specdecode", "pytest_specdecode.sglang_releases"}
+
+
+KINDS_FOLDER = PACKAGE / "profiles" / "kinds"
+LAUNCHER_NAMES = frozenset(KINDS)
+"""The registered kinds' names: a new kind's name is counted as soon as it is registered."""
+
+
+def _is_kind_literal(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value in LAUNCHER_NAMES
+
+
+def _is_kind_collection(node: ast.expr) -> bool:
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(
+        _is_kind_literal(element) for element in node.elts
+    )
+
+
+def _names_a_launcher(node: ast.expr) -> bool:
+    """``profile.launcher``, ``launcher``, ``identity.get("kind")``, ``merged.get("launcher")``
+    or a constant standing for launcher names (``LLAMACPP``, ``SIMULATED_LAUNCHERS``)."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "launcher"
+    if isinstance(node, ast.Name):
+        return node.id in ("launcher", "LLAMACPP", "LAUNCHERS", "SIMULATED_LAUNCHERS")
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and bool(node.args)
+        and isinstance(node.args[0], ast.Constant)
+        and node.args[0].value in ("launcher", "kind")
+    )
+
+
+def launcher_comparisons(root: Path = PACKAGE) -> list[str]:
+    """Every comparison against a launcher name outside the kinds' registry (sim/, the simulated
+    server, is self-contained and has no launchers): a registered name as one side, a literal
+    collection holding one, or a launcher (a profile's, a recorded identity's kind, a constant
+    naming launchers) compared with anything."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] == "sim" or path.is_relative_to(KINDS_FOLDER):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Constant) and s.value is None for s in sides):
+                continue  # `handle.launcher is not None`: the launcher object, not its name
+            if any(
+                _is_kind_literal(s) or _is_kind_collection(s) or _names_a_launcher(s) for s in sides
+            ):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_code_outside_the_kinds_compares_launcher_names() -> None:
+    """What differs between server kinds lives in profiles/kinds/ (one module a kind, one
+    registration): nothing else asks which launcher a profile has by its name."""
+    found = launcher_comparisons()
+    print(f"launcher-name comparisons outside profiles/kinds/: {len(found)}")
+    assert found == []
