@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
 import warnings
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -24,12 +23,11 @@ import pytest
 from pytest_specdecode.errors import ConfigError, SpecdecodeError
 from pytest_specdecode.markers import MARKER_HELP, MarkerSpec
 from pytest_specdecode.outputs import benchmark
-from pytest_specdecode.outputs.history import read_history
 from pytest_specdecode.outputs.json_report import junit_properties
 from pytest_specdecode.profiles.profile import ALGORITHM_MARKERS
 from pytest_specdecode.result import SpecdecodeResult, TestError
 from pytest_specdecode.servers.handle import ServerHandle
-from pytest_specdecode.session import console, finish
+from pytest_specdecode.session import console, finish, start
 from pytest_specdecode.session.collection import (
     Collected,
     Planned,
@@ -70,22 +68,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         # argparse %-formats command-line help ("8%" would crash `pytest --help`); ini help
         # is printed as it is.
         cli_help = (option.help + ("" if option.is_flag else default)).replace("%", "%%")
-        if option.is_flag:
-            group.addoption(
-                option.flag,
-                action="store_true",
-                dest=f"specdecode_{option.name}",
-                default=None,
-                help=cli_help,
-            )
-        else:
-            group.addoption(
-                option.flag,
-                dest=f"specdecode_{option.name}",
-                metavar=option.metavar,
-                default=None,
-                help=cli_help,
-            )
+        kind = {"action": "store_true"} if option.is_flag else {"metavar": option.metavar}
+        group.addoption(
+            option.flag, dest=f"specdecode_{option.name}", default=None, help=cli_help, **kind
+        )
         if option.ini:
             parser.addini(option.ini_key, option.help + default, default=None)
 
@@ -118,16 +104,16 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     settings = _settings(config)
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
-    if workerinput is not None:
-        worker = str(workerinput.get("workerid", "gw"))
-        run_id = str(workerinput.get("specdecode_run_id") or workerinput.get("testrunuid"))
-        if workerinput.get("specdecode_loadgroup"):
-            # The controller schedules by group (see pytest_xdist_make_scheduler), but a worker
-            # tags node ids with their xdist_group only under --dist loadgroup; without the tag
-            # every test is its own group and profiles are spread over all workers.
-            config.option.loadgroup = True
-    else:
-        worker, run_id = "main", uuid.uuid4().hex
+    if workerinput is not None and workerinput.get("specdecode_loadgroup"):
+        # The controller schedules by group (see pytest_xdist_make_scheduler), but a worker
+        # tags node ids with their xdist_group only under --dist loadgroup; without the tag
+        # every test is its own group and profiles are spread over all workers.
+        config.option.loadgroup = True
+    worker, run_id = start.process_of(workerinput)
+
+    def basetemp() -> Path | None:
+        factory = getattr(config, "_tmp_path_factory", None)
+        return Path(factory.getbasetemp()) if factory else None
 
     def is_tty() -> bool:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -138,49 +124,20 @@ def pytest_configure(config: pytest.Config) -> None:
         run_id=run_id,
         worker=worker,
         is_xdist_worker=workerinput is not None,
-        log_dir=_LazyLogDir(config),  # type: ignore[arg-type]
+        log_dir=start.LazyLogDir(basetemp),  # type: ignore[arg-type]
         rootdir=config.rootpath,
         emit=lambda message: _say(config, f"specdecode: {message}"),
         progress=console.ProgressLine(lambda line: _say(config, line), is_tty=is_tty),
     )
     config.stash[SESSION_KEY] = session
-    if settings.history is not None and settings.history.exists():
-        # Earlier nights sharpen each test's launch-to-launch variance (launches.prior_for).
-        try:
-            session.history = read_history(
-                settings.history, on_bad_line=lambda exc: session.warnings.append(str(exc))
-            )
-        except SpecdecodeError as exc:
-            session.warnings.append(f"{exc}; the launch variance uses the baselines alone")
+    start.read_earlier_nights(session)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(session), "specdecode-xdist")
-    finish.terminate_gracefully()
+    start.terminate_gracefully()
 
 
 def _session(config: pytest.Config) -> SpecdecodeSession:
     return config.stash[SESSION_KEY]
-
-
-class _LazyLogDir(os.PathLike[str]):
-    """Server logs go under pytest's basetemp, created only when a server is launched."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self._config = config
-        self._path: Path | None = None
-
-    def _resolve(self) -> Path:
-        if self._path is None:
-            factory = getattr(self._config, "_tmp_path_factory", None)
-            base = factory.getbasetemp() if factory else Path.cwd() / ".specdecode-logs"
-            self._path = Path(base) / "specdecode-logs"
-            self._path.mkdir(parents=True, exist_ok=True)
-        return self._path
-
-    def __fspath__(self) -> str:
-        return str(self._resolve())
-
-    def __truediv__(self, other: str) -> Path:
-        return self._resolve() / other
 
 
 def _say(config: pytest.Config, line: str) -> None:

@@ -1,6 +1,6 @@
-"""The end of a session, in plain Python: SIGTERM taken as Ctrl-C (so servers are stopped), the
-measurements saved before any other plugin's end can lose them (baselines, outputs, or a
-worker's hand-over to the controller), and naming the plugin whose end failed.
+"""The end of a session, in plain Python: the measurements saved before any other plugin's end
+can lose them (baselines, outputs, or a worker's hand-over to the controller), and naming the
+plugin whose end failed.
 
 Exit statuses are pytest's ``ExitCode`` values, as plain ints: the plugin reads and sets
 pytest's through the callables it passes in.
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import signal
-import threading
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
@@ -30,18 +28,6 @@ if TYPE_CHECKING:
 TESTS_FAILED = 1  # pytest.ExitCode.TESTS_FAILED
 INTERRUPTED = 2  # pytest.ExitCode.INTERRUPTED
 INTERNAL_ERROR = 3  # pytest.ExitCode.INTERNAL_ERROR
-
-
-def terminate_gracefully() -> None:
-    """SIGTERM (a cancelled CI job) takes pytest's Ctrl-C path, so servers are stopped."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-
-        def handler(signum: int, frame: object) -> None:
-            raise KeyboardInterrupt(f"signal {signum}")
-
-        signal.signal(signal.SIGTERM, handler)
 
 
 def save_measurements(
