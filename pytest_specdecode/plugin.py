@@ -22,7 +22,6 @@ import pytest
 
 from pytest_specdecode.errors import ConfigError, SpecdecodeError
 from pytest_specdecode.markers import MARKER_HELP, MarkerSpec
-from pytest_specdecode.outputs import benchmark
 from pytest_specdecode.outputs.json_report import junit_properties
 from pytest_specdecode.profiles.profile import ALGORITHM_MARKERS
 from pytest_specdecode.result import SpecdecodeResult, TestError
@@ -346,13 +345,6 @@ def _note_error(sd: SpecdecodeSession, item: pytest.Item, phase: str, call: Any)
     item.user_properties.extend(junit_properties(row))
 
 
-def _to_benchmark(config: pytest.Config, result: SpecdecodeResult) -> None:
-    """Hand a result (kept by the session for the summary and outputs) to pytest-benchmark."""
-    benchmark_session = getattr(config, "_benchmarksession", None)
-    if benchmark_session is not None and benchmark.wants_export(benchmark_session):
-        benchmark.add_result(benchmark_session, result)
-
-
 def _apply_outcome(item: pytest.Item, test: SpecdecodeTest, result: SpecdecodeResult) -> None:
     action, text = verdict_action(result, test.spec, _session(item.config).settings)
     if action == "fail":
@@ -405,7 +397,7 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, None, None]
         set_exit_status=set_exit_status,
         pytest_args=[str(arg) for arg in config.invocation_params.args],
         worker_down=config.stash.get(WORKER_DOWN_KEY, False),
-        to_benchmark=lambda result: _to_benchmark(config, result),
+        benchmark_session=getattr(config, "_benchmarksession", None),
         outbox=config.stash.setdefault(OUTBOX_KEY, Outbox()),
         workeroutput=getattr(config, "workeroutput", {}),
         stops_workers_servers=config.pluginmanager.hasplugin("dsession"),

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_specdecode.errors import SpecdecodeError
+from pytest_specdecode.outputs import benchmark
 from pytest_specdecode.outputs.json_report import make_session_info
-from pytest_specdecode.result import SpecdecodeResult, TestError
+from pytest_specdecode.result import TestError
 from pytest_specdecode.servers.cleanup import finish_run
 from pytest_specdecode.session.worker_relay import Outbox, worker_output
 
@@ -37,7 +38,7 @@ def save_measurements(
     set_exit_status: Callable[[int], None],
     pytest_args: Sequence[str],
     worker_down: bool,
-    to_benchmark: Callable[[SpecdecodeResult], None],
+    benchmark_session: object | None,
     outbox: Outbox,
     workeroutput: dict[str, Any],
     stops_workers_servers: bool,
@@ -45,9 +46,9 @@ def save_measurements(
     """Write the baselines and outputs (the controller, or a session without xdist), or make
     a worker's results ready to go up; then close the session's servers.
 
-    ``worker_down``: an xdist worker went down with an error; ``to_benchmark`` hands a result to
-    pytest-benchmark; ``stops_workers_servers``: this is the xdist controller, which stops what
-    its workers started.
+    ``worker_down``: an xdist worker went down with an error; ``benchmark_session``:
+    pytest-benchmark's, if it runs; ``stops_workers_servers``: this is the xdist controller,
+    which stops what its workers started.
     """
     try:
         if sd.settings.update_baselines:
@@ -58,8 +59,11 @@ def save_measurements(
             # xdist replaces a worker that crashed after its tests and exits 0; what it had
             # measured is kept (see Outbox), but a night with a crashed worker is not a pass.
             set_exit_status(INTERNAL_ERROR)
-        for result in sd.results:
-            to_benchmark(result)  # before pytest-benchmark's own hook writes its JSON
+        if benchmark_session is not None and benchmark.wants_export(benchmark_session):
+            # the results, kept by the session for the summary and outputs, are handed to
+            # pytest-benchmark before its own hook writes its JSON
+            for result in sd.results:
+                benchmark.add_result(benchmark_session, result)
         if sd.settings.update_baselines:
             updates, errors = sd.write_baselines(sd.results)
             for update in updates:
