@@ -8,5 +8,10 @@ warnings; attaching or launching through the pool); ``measurement`` is one test'
 become one; ``machine_load`` notices a busy measuring machine; ``provenance`` is what the
 session records about the machine (GPUs, hardware key, versions, environment).
 
+What the plugin hands over as plain values: ``start`` (the process, its log directory, earlier
+nights), ``collection`` (the collected tests planned), ``outcomes`` (what a verdict asks of a
+test, an errored test's row), ``worker_relay`` (xdist workers' results on their way up),
+``console`` (the terminal's text) and ``finish`` (the end of the session).
+
 The face imports nothing, so that importing one of these modules does not load the others.
 """
