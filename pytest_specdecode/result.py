@@ -14,12 +14,27 @@ verdict as the outcome; ``error`` says what else went wrong.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_specdecode.fingerprint import Fingerprint
-from pytest_specdecode.verdict import Check, Outcome
+
+
+class Outcome(str, enum.Enum):
+    """What one test came to: a verdict, a recording, a measurement only, or an error."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+    NO_BASELINE = "no baseline"
+    MISMATCH = "mismatch"
+    RECORDED = "recorded"  # --update-baselines
+    MEASURED = "measured"  # no thresholds: measured and reported only
+    # Not a verdict: the test errored or crashed (a server that did not start or died, an
+    # exception in its body) before one could be reached; the result's ``error`` says why.
+    ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -119,38 +134,3 @@ class SpecdecodeResult:
         if values.get("error") is not None:
             values["error"] = TestError(**values["error"])
         return cls(**values)
-
-
-def check_json(check: Check) -> dict[str, Any]:
-    c = check.comparison
-    out: dict[str, Any] = {
-        "metric": check.threshold.metric,
-        "margin": check.threshold.margin,
-        "reference": check.threshold.reference,
-        "baseline_path": check.ref.path,
-        "problem": check.problem,
-        "verdict": c.verdict.value if c else None,
-    }
-    if c is not None:
-        out.update(
-            ratio=c.ratio,
-            ci_low=c.ci_low,
-            ci_high=c.ci_high,
-            p_pass=c.p_pass,
-            p_fail=c.p_fail,
-            mde=c.mde,
-            method=c.method,
-            alpha=c.alpha,
-            n_current=c.current.n,
-            n_baseline=c.baseline.n,
-            baseline_mean=c.baseline.mean,
-            baseline_std=c.baseline.std,
-            current_mean=c.current.mean,
-            launches=c.launches,
-            launch_cv=c.launch_cv,
-            history_nights=c.history_nights,
-            df=c.df,
-            alpha_no_change=c.alpha_no_change,
-            warnings=list(c.warnings),
-        )
-    return out

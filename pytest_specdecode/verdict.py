@@ -9,11 +9,12 @@ order: a mismatch (never compared silently), a FAIL, a missing baseline, INCONCL
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pytest_specdecode.metrics import METRICS
+from pytest_specdecode.result import Outcome
 from pytest_specdecode.stats.comparison import (
     Comparison,
     Verdict,
@@ -22,19 +23,6 @@ from pytest_specdecode.stats.comparison import (
     mde_text,
 )
 from pytest_specdecode.stats.two_level import LaunchPrior
-
-
-class Outcome(str, enum.Enum):
-    PASS = "pass"
-    FAIL = "fail"
-    INCONCLUSIVE = "inconclusive"
-    NO_BASELINE = "no baseline"
-    MISMATCH = "mismatch"
-    RECORDED = "recorded"  # --update-baselines
-    MEASURED = "measured"  # no thresholds: measured and reported only
-    # Not a verdict: the test errored or crashed (a server that did not start or died, an
-    # exception in its body) before one could be reached; the result's ``error`` says why.
-    ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -223,3 +211,39 @@ def message(checks: Sequence[Check], outcome: Outcome) -> str:
             [c.describe() for c in failed] + [c.describe(brief=True) for c in undecided]
         )
     return "\n\n".join(c.describe() for c in relevant)
+
+
+def check_json(check: Check) -> dict[str, Any]:
+    """A check as the JSON report, the history and the xdist hand-over carry it."""
+    c = check.comparison
+    out: dict[str, Any] = {
+        "metric": check.threshold.metric,
+        "margin": check.threshold.margin,
+        "reference": check.threshold.reference,
+        "baseline_path": check.ref.path,
+        "problem": check.problem,
+        "verdict": c.verdict.value if c else None,
+    }
+    if c is not None:
+        out.update(
+            ratio=c.ratio,
+            ci_low=c.ci_low,
+            ci_high=c.ci_high,
+            p_pass=c.p_pass,
+            p_fail=c.p_fail,
+            mde=c.mde,
+            method=c.method,
+            alpha=c.alpha,
+            n_current=c.current.n,
+            n_baseline=c.baseline.n,
+            baseline_mean=c.baseline.mean,
+            baseline_std=c.baseline.std,
+            current_mean=c.current.mean,
+            launches=c.launches,
+            launch_cv=c.launch_cv,
+            history_nights=c.history_nights,
+            df=c.df,
+            alpha_no_change=c.alpha_no_change,
+            warnings=list(c.warnings),
+        )
+    return out

@@ -36,8 +36,7 @@ from pytest_specdecode.outputs.json_report import (
     normalized_session,
     parse_iso,
 )
-from pytest_specdecode.result import SpecdecodeResult
-from pytest_specdecode.verdict import Outcome
+from pytest_specdecode.result import Outcome, SpecdecodeResult
 
 HISTORY_SCHEMA_VERSION = 1
 """Version of a history line's layout; a reader refuses lines of a newer version."""

@@ -33,9 +33,8 @@ from pytest_specdecode import __version__
 from pytest_specdecode.files import atomic_write_text
 from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.redaction import redact_json
-from pytest_specdecode.result import SpecdecodeResult
+from pytest_specdecode.result import Outcome, SpecdecodeResult
 from pytest_specdecode.stats.samples import describe
-from pytest_specdecode.verdict import Outcome
 
 REPORT_SCHEMA_VERSION = 1
 """Version of the JSON report layout; bumped when a reader of the old layout would misread the

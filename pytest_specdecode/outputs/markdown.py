@@ -21,8 +21,7 @@ from tabulate import tabulate
 
 from pytest_specdecode.files import atomic_write_text
 from pytest_specdecode.outputs.terminal import SIMULATED_BANNER, TABLE_HEADERS, short_id, table_rows
-from pytest_specdecode.result import SpecdecodeResult
-from pytest_specdecode.verdict import Outcome
+from pytest_specdecode.result import Outcome, SpecdecodeResult
 
 DETAILED = (Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.NO_BASELINE, Outcome.MISMATCH)
 """Outcomes whose verdict paragraphs the summary spells out."""

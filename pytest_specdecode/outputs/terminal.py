@@ -15,9 +15,8 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from pytest_specdecode.result import SpecdecodeResult
+from pytest_specdecode.result import Outcome, SpecdecodeResult
 from pytest_specdecode.stats.samples import describe
-from pytest_specdecode.verdict import Outcome
 
 SIMULATED_BANNER = (
     "SIMULATED: these figures come from pytest-specdecode's simulated SGLang server, "

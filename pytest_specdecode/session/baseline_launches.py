@@ -21,9 +21,8 @@ from pytest_specdecode.baselines.store import NOISE_HINT, noise_problem
 from pytest_specdecode.errors import SpecdecodeError
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.profiles.profile import ServerProfile
-from pytest_specdecode.result import SpecdecodeResult
+from pytest_specdecode.result import Outcome, SpecdecodeResult
 from pytest_specdecode.settings import Settings
-from pytest_specdecode.verdict import Outcome
 from pytest_specdecode.workloads import Workload
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_specdecode.errors import SpecdecodeError
 from pytest_specdecode.outputs import benchmark
 from pytest_specdecode.outputs.json_report import make_session_info
+from pytest_specdecode.outputs.write import write_outputs
 from pytest_specdecode.result import TestError
 from pytest_specdecode.servers.cleanup import finish_run
 from pytest_specdecode.session.worker_relay import Outbox, worker_output
@@ -111,10 +112,6 @@ def _write_outputs(
     pytest_args: Sequence[str],
 ) -> None:
     """The JSON report, history line and Markdown summary (controller or single process)."""
-    # Imported here, where the outputs are written once by the process that owns the results:
-    # the plugin's import of this module does not carry the writers' chain of imports.
-    from pytest_specdecode.outputs.write import write_outputs
-
     results = sd.results
     info = make_session_info(
         started=sd.started,

@@ -22,7 +22,7 @@ from pytest_specdecode.baselines.store import BaselineStore
 from pytest_specdecode.fingerprint import Fingerprint
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.profiles.profile import ServerProfile
-from pytest_specdecode.result import SpecdecodeResult, check_json
+from pytest_specdecode.result import Outcome, SpecdecodeResult
 from pytest_specdecode.servers.handle import ServerHandle
 from pytest_specdecode.session.baseline_launches import (
     BaselineLaunches,
@@ -39,7 +39,7 @@ from pytest_specdecode.settings import Settings
 from pytest_specdecode.stats.comparison import Verdict
 from pytest_specdecode.stats.sequential import SequentialPlan
 from pytest_specdecode.stats.two_level import LaunchPrior, prior_for
-from pytest_specdecode.verdict import Check, Outcome, evaluate, message, outcome_of
+from pytest_specdecode.verdict import Check, check_json, evaluate, message, outcome_of
 from pytest_specdecode.workloads import Workload
 
 if TYPE_CHECKING:

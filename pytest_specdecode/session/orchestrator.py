@@ -32,7 +32,7 @@ from pytest_specdecode.fleet import EngineTLS, Need, Placement, device_gpus, eng
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.profiles.loader import load_profiles
 from pytest_specdecode.profiles.profile import TARGET_SIM, ProfileFile, ServerProfile
-from pytest_specdecode.result import SpecdecodeResult
+from pytest_specdecode.result import Outcome, SpecdecodeResult
 from pytest_specdecode.servers.attach import (
     SGLANG_DEFAULT_PORT,
     attach,
@@ -52,7 +52,6 @@ from pytest_specdecode.session.provenance import (
 )
 from pytest_specdecode.session.runner import ServerRunner
 from pytest_specdecode.settings import Settings
-from pytest_specdecode.verdict import Outcome
 from pytest_specdecode.workloads import Workload, resolve_workload
 
 

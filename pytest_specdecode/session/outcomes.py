@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from pytest_specdecode.markers import MarkerSpec
-from pytest_specdecode.result import SpecdecodeResult, TestError
+from pytest_specdecode.result import Outcome, SpecdecodeResult, TestError
 from pytest_specdecode.settings import Settings
-from pytest_specdecode.verdict import Outcome
 
 if TYPE_CHECKING:
     from pytest_specdecode.session.orchestrator import SpecdecodeSession

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specdecode.outputs.history import history_record
-from pytest_specdecode.result import SpecdecodeResult, TestError
-from pytest_specdecode.verdict import Outcome
+from pytest_specdecode.result import Outcome, SpecdecodeResult, TestError
 
 DATA = Path(__file__).parent / "data" / "seed_results.json"
 PROFILES = ("nospec-nccl", "eagle3-5step", "eagle3-5step-nccl", "eagle3-2step-nccl")

@@ -25,8 +25,7 @@ from pytest_specdecode.outputs.json_report import (
 from pytest_specdecode.outputs.markdown import markdown_summary
 from pytest_specdecode.outputs.terminal import details, results_table
 from pytest_specdecode.outputs.trend import format_table, trend
-from pytest_specdecode.result import SpecdecodeResult, TestError
-from pytest_specdecode.verdict import Outcome
+from pytest_specdecode.result import Outcome, SpecdecodeResult, TestError
 
 SESSION = {
     "started_utc": "2026-11-07T02:40:00Z",

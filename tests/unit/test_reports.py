@@ -32,8 +32,8 @@ from pytest_specdecode.outputs.markdown import (
     table_rows,
     write_markdown,
 )
+from pytest_specdecode.result import Outcome
 from pytest_specdecode.result import SpecdecodeResult as Result
-from pytest_specdecode.verdict import Outcome
 
 SESSION = {
     "started_utc": "2026-11-29T02:40:00Z",

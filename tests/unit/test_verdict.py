@@ -7,15 +7,9 @@ import re
 
 import pytest
 
+from pytest_specdecode.result import Outcome
 from pytest_specdecode.stats.comparison import compare, confidence_text
-from pytest_specdecode.verdict import (
-    BaselineRef,
-    Outcome,
-    Threshold,
-    evaluate,
-    message,
-    outcome_of,
-)
+from pytest_specdecode.verdict import BaselineRef, Threshold, evaluate, message, outcome_of
 
 # Deterministic per-run values: a baseline of 20 runs at about 2% CV, and current runs around it.
 BASE_TOK_S = [100 * (1 + 0.03 * ((i * 7) % 11 - 5) / 5) for i in range(20)]
