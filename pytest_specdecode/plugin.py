@@ -118,6 +118,8 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     settings = _settings(config)
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
+    if workerinput is None:
+        _check_benchmark_json(config)
     if workerinput is not None:
         worker = str(workerinput.get("workerid", "gw"))
         run_id = str(workerinput.get("specdecode_run_id") or workerinput.get("testrunuid"))
@@ -150,6 +152,28 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(session), "specdecode-xdist")
     _terminate_gracefully()
+
+
+def _check_benchmark_json(config: pytest.Config) -> None:
+    """A --benchmark-json path that cannot be written is a usage error now, not after the
+    measurements (pytest-benchmark 5.3 checks it only when it writes: benchmark.check_json_path)."""
+    flag = "--benchmark-json"
+    value = config.getoption("benchmark_json", None)
+    if value is None:
+        return
+    args = [str(arg) for arg in config.invocation_params.args]
+    if any(arg == flag or arg.startswith(f"{flag}=") for arg in args):
+        source = f"{flag} on the command line"
+    elif flag in os.environ.get("PYTEST_ADDOPTS", ""):
+        source = f"{flag} in PYTEST_ADDOPTS"
+    elif config.inipath is not None:
+        source = f"{flag} in addopts of {config.inipath}"
+    else:
+        source = flag
+    try:
+        benchmark.check_json_path(value, base=config.invocation_params.dir, source=source)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _session(config: pytest.Config) -> SpecdecodeSession:
