@@ -13,9 +13,9 @@
 # constraints): only the pinned three differ from the main suite's environment.
 #
 # `scripts/test-compat.sh --newest`: the newest releases of pytest, pytest-xdist,
-# pytest-benchmark, httpx and scipy (everything else floats too) in a venv of its own, made anew
-# each time, running the tests that lean on them; prints what broke, and always exits 0: it
-# tells what `scripts/lock --upgrade` would bring, it does not gate.
+# pytest-benchmark, httpx and scipy (the rest of .[test] floats too) in a venv of its own, made
+# anew each time, running the tests that lean on them; prints what broke, and always exits 0:
+# it tells what `scripts/lock --upgrade` would bring, it does not gate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +35,7 @@ if [ "${1:-}" = "--newest" ]; then
   # shellcheck disable=SC2086  # one package a word
   if ! { python3 -m venv "$venv" && flock "$cache/compat-install.lock" \
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade \
-    -e . jsonschema $floating; } >"$log" 2>&1; then
+    -e '.[test]' $floating; } >"$log" 2>&1; then
     tail -n 20 "$log"
     say "the install of the newest releases failed (above); nothing was tested"
     exit 0
@@ -69,6 +69,8 @@ print(version(sys.argv[1]))' "$name")"
     say "BROKE with the newest releases (pytest exit $rc: $summary):"
     if [ -n "$broke" ]; then
       echo "$broke" | sed 's/^/    /'
+      say "their first error lines:"
+      grep -E '^E ' "$log" | head -n 20 | sed 's/^/    /'
     fi
   fi
   exit 0
