@@ -22,6 +22,7 @@ import pytest
 
 from pytest_specdecode.errors import ConfigError, SpecdecodeError
 from pytest_specdecode.markers import MARKER_HELP, MarkerSpec
+from pytest_specdecode.outputs.benchmark import check_json_path
 from pytest_specdecode.outputs.json_report import junit_properties
 from pytest_specdecode.profiles.profile import ALGORITHM_MARKERS
 from pytest_specdecode.result import SpecdecodeResult, TestError
@@ -103,6 +104,8 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     settings = _settings(config)
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
+    if workerinput is None:
+        _check_benchmark_json(config)
     if workerinput is not None and workerinput.get("specdecode_loadgroup"):
         # The controller schedules by group (see pytest_xdist_make_scheduler), but a worker
         # tags node ids with their xdist_group only under --dist loadgroup; without the tag
@@ -133,6 +136,28 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(session), "specdecode-xdist")
     start.terminate_gracefully()
+
+
+def _check_benchmark_json(config: pytest.Config) -> None:
+    """A --benchmark-json path that cannot be written is a usage error now, not after the
+    measurements (pytest-benchmark 5.3 checks it only when it writes: benchmark.check_json_path)."""
+    flag = "--benchmark-json"
+    value = config.getoption("benchmark_json", None)
+    if value is None:
+        return
+    args = [str(arg) for arg in config.invocation_params.args]
+    if any(arg == flag or arg.startswith(f"{flag}=") for arg in args):
+        source = f"{flag} on the command line"
+    elif flag in os.environ.get("PYTEST_ADDOPTS", ""):
+        source = f"{flag} in PYTEST_ADDOPTS"
+    elif config.inipath is not None:
+        source = f"{flag} in addopts of {config.inipath}"
+    else:
+        source = flag
+    try:
+        check_json_path(value, base=config.invocation_params.dir, source=source)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _session(config: pytest.Config) -> SpecdecodeSession:

@@ -19,10 +19,48 @@ Entries are added only when pytest-benchmark is going to write JSON (``--benchma
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.result import SpecdecodeResult
+
+
+def check_json_path(value: object, *, base: Path, source: str) -> None:
+    """Refuse a ``--benchmark-json`` path pytest-benchmark could not write, before anything runs.
+
+    pytest-benchmark up to 5.2 opened the file while parsing the options, so a missing directory
+    was a usage error; 5.3 keeps the path and opens it only at the session's end, after every
+    test has been measured (an INTERNALERROR, exit 3). The plugin does not depend on either: it
+    checks the path itself. ``value`` is the option's value (an already opened file is left
+    alone), ``base`` the directory a relative path is taken from, ``source`` where it was given.
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        return  # pytest-benchmark < 5.3 has already opened it
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else base / path
+    parent = path.parent
+    if not parent.exists():
+        problem = f"its directory {parent} does not exist"
+        fix = f"create it (mkdir -p {parent}) or give a path in an existing directory"
+    elif not parent.is_dir():
+        problem = f"{parent} is not a directory"
+        fix = "give a path in a directory"
+    elif path.is_dir():
+        problem = f"{path} is a directory"
+        fix = "give a file name, e.g. --benchmark-json=" + str(path / "benchmark.json")
+    elif not os.access(parent, os.W_OK):
+        problem = f"its directory {parent} is not writable"
+        fix = "give a path in a directory you can write to"
+    else:
+        return
+    raise ConfigError(
+        f"pytest-benchmark cannot write its JSON to {os.fspath(value)!r}: {problem}, and it would "
+        f"find out only after every test has been measured; {fix}",
+        source=source,
+    )
 
 
 def wants_export(benchmark_session: Any) -> bool:

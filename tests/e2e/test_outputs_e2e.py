@@ -8,9 +8,11 @@ import struct
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from importlib.metadata import version
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from pytest_specdecode.outputs.json_report import REPORT_SCHEMA_PATH
 
@@ -123,6 +125,49 @@ def test_every_output_of_a_nightly_session(project, monkeypatch):
     assert "test_eagle3" in trend.stdout
     assert "SIMULATED" in trend.stdout
     assert _png_size(out / "trend.png") == (800, 500)
+
+
+def test_benchmark_json_in_a_missing_dir_is_a_usage_error_before_anything_runs(project):
+    # pytest-benchmark 5.3 no longer opens the file while parsing the options: without the
+    # plugin's own check the session measured everything and then failed writing (exit 3).
+    # Before 5.3, argparse refuses the path first (its own message); either way, exit 4 at once.
+    own_check = _benchmark_version() >= (5, 3)
+    project.tests(TESTS)
+    missing = project.path / "no" / "such" / "dir" / "bench.json"
+    result = project.run(*RECORD, f"--benchmark-json={missing}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    output = result.stdout.str() + result.stderr.str()
+    if own_check:
+        said = "--benchmark-json on the command line: pytest-benchmark cannot write its JSON to"
+        assert f"{said} '{missing}'" in output
+        assert f"mkdir -p {missing.parent}" in output
+    else:
+        assert f"can't open '{missing}'" in output
+    assert "starting (" not in output  # no server was launched
+    assert project.baseline_files() == []
+
+    # from addopts, relative to where pytest runs: the ini file is named
+    project.pytester.makeini(
+        """
+        [pytest]
+        specdecode_config = specdecode.toml
+        specdecode_baselines = baselines
+        addopts = --benchmark-json=out/bench.json
+        """
+    )
+    result = project.run(*RECORD)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    output = result.stdout.str() + result.stderr.str()
+    if own_check:
+        assert "--benchmark-json in addopts of " in output
+        assert f"its directory {project.path / 'out'} does not exist" in output
+    else:
+        assert "can't open 'out/bench.json'" in output
+    assert project.baseline_files() == []
+
+
+def _benchmark_version() -> tuple[int, ...]:
+    return tuple(int(part) for part in version("pytest-benchmark").split(".")[:2])
 
 
 def test_under_xdist_the_controller_writes_one_history_line(project):
