@@ -14,7 +14,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pytest_specdecode.launches import LaunchPrior
+from pytest_specdecode.launches import LaunchPrior, guard_alpha
 from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.stats import Comparison, Verdict, compare, confidence_text, mde_text
 
@@ -165,6 +165,7 @@ def evaluate(
                 problem += f": {ref.notes[threshold.metric]}"
             checks.append(Check(threshold, ref, None, problem.replace("  ", " ")))
             continue
+        prior = (priors or {}).get((threshold.reference, threshold.metric))
         comparison = compare(
             values,
             stored,
@@ -174,8 +175,11 @@ def evaluate(
             method=method,
             seed=seed,
             launch_runs=ref.launch_runs,
-            prior=(priors or {}).get((threshold.reference, threshold.metric)),
-            alpha_no_change=alpha_no_change,
+            prior=prior,
+            # stricter once the history has enough nights: launches.guard_alpha
+            alpha_no_change=(
+                None if alpha_no_change is None else guard_alpha(alpha_no_change, prior)
+            ),
             warn_single_launch=warn_single_launch,
         )
         checks.append(Check(threshold, ref, comparison))
