@@ -224,7 +224,15 @@ def two_level(
         )
         prior = None
     elif prior is not None and prior.stated:
-        notes.append(f"the launch variance is pooled with {prior.source}")
+        # One baseline launch measures no launch variance at all: the prior is all there is,
+        # and the remedy is still to measure it.
+        remedy = (
+            "; the baseline was recorded in one server launch: record it with "
+            "--specdecode-baseline-launches 3 to measure this box's own"
+            if k < 2
+            else ""
+        )
+        notes.append(f"the launch variance is pooled with {prior.source}{remedy}")
 
     # The launch variance: from the baseline's launch means (K - 1 df), pooled by df with the
     # history's, as a linear combination of independent mean squares: (value, df, weight).
