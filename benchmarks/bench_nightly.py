@@ -366,6 +366,7 @@ def run(
     trials: int,
     seed: int,
     history_file: Callable[[], Path] | None = None,
+    changes: Sequence[float] = (0.0, *CHANGES),
 ) -> list[list[str]]:
     plan = SequentialPlan(initial_runs=RUNS, max_runs=MAX_RUNS, alpha=ALPHA).for_baseline(
         BASELINE_LAUNCHES * BASELINE_RUNS
@@ -422,6 +423,10 @@ def main() -> None:
     parser.add_argument("--first-night-trials", type=int, default=400)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--ci", action="store_true", help="a small, quick configuration")
+    parser.add_argument("--changes", type=float, nargs="+", default=[0.0, *CHANGES],
+                        help="true changes, 0 for the false-alarm row (default 0 -0.05 -0.1 "
+                        "-0.29)")  # fmt: skip
+    parser.add_argument("--no-first-night", action="store_true")
     parser.add_argument("--scenario", action="append", default=[],
                         help="NAME=LAUNCH_CV,RUN_CV: another box's noise")  # fmt: skip
     parser.add_argument("--measured", type=Path,
@@ -448,13 +453,16 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as directory:
         history = (lambda: Path(directory) / "history.jsonl") if args.ci else None
-        rows = run(scenarios, trials, args.seed, history)
+        rows = run(scenarios, trials, args.seed, history, args.changes)
     print(tabulate(rows, headers=["scenario", "row", *RULES], tablefmt="github"))
     print(
         f"\ndelays in nights from the change, median / 95th percentile (its 95 % Monte Carlo "
         f"interval); >{CHANGE_NIGHTS}: not flagged within {CHANGE_NIGHTS} nights. The new "
         f"rule's CUSUM is active after {REFERENCE} nights of reference (R=30: after 30).\n"
     )
+    if args.no_first_night:
+        print(f"({time.monotonic() - started:.0f} s)")
+        return
     first = first_night(scenarios, first_trials, args.seed)
     print("first night after a baseline recording (3 launches x 60 runs, run CV 4 %, no history):")
     print(tabulate(first, headers=["scenario", "change", "FAIL today (2 df)",

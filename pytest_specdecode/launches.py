@@ -52,7 +52,7 @@ graphs off (docs/statistics.md, "The first night"), where the conflict check dro
 
 STATED_PRIOR_DF = 6.0
 """Pseudo degrees of freedom of the stated prior: it weighs as much as 7 launches' means would.
-With the baseline's 2 df the guard's t has 8 df instead of 2 (t quantile about 3.5 instead of
+With the baseline's 2 df the guard's t has 8 df instead of 2 (t quantile about 3.2 instead of
 8.6 at the guard's level), which is what lets the seed's -29 % FAIL on the first night."""
 
 HISTORY_GUARD_NIGHTS = 10
