@@ -374,7 +374,7 @@ def run(
     rows = []
     for scenario in scenarios:
         oracle = oracle_for(scenario, seed)
-        for change in (0.0, *CHANGES):
+        for change in changes:
             rng = np.random.default_rng(
                 [seed, round(scenario.launch_cv * 1e4), round(-change * 1e3)]
             )
