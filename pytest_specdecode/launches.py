@@ -55,6 +55,11 @@ STATED_PRIOR_DF = 6.0
 With the baseline's 2 df the guard's t has 8 df instead of 2 (t quantile about 3.2 instead of
 8.6 at the guard's level), which is what lets the seed's -29 % FAIL on the first night."""
 
+TIMING_METRICS = frozenset({"tok_s", "decode_tok_s", "ttft", "tpot", "itl_p50", "itl_p99"})
+"""The metrics the stated prior is about: speeds and latencies, which a relaunch moves (GPU
+clocks, placement, CUDA graph capture). Accept length under greedy decoding barely varies by
+launch; a 6 % prior would only blur its first-night verdicts, so it keeps its own launches'."""
+
 HISTORY_GUARD_NIGHTS = 10
 """Nights of history from which the no-change guard tightens (:func:`guard_alpha`)."""
 

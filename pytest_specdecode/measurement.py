@@ -20,7 +20,7 @@ from pytest_specdecode.backends import backend_for
 from pytest_specdecode.baselines.refs import OWN, BaselineLookup
 from pytest_specdecode.baselines.store import BaselineStore
 from pytest_specdecode.fingerprint import Fingerprint
-from pytest_specdecode.launches import LaunchPrior, prior_for, stated_prior
+from pytest_specdecode.launches import TIMING_METRICS, LaunchPrior, prior_for, stated_prior
 from pytest_specdecode.machine_load import LoadSampler, comparison_warnings, recording_warning
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.profiles.profile import ServerProfile
@@ -244,7 +244,7 @@ def launch_priors(
             workload_hash=workload.content_hash(),
             metric=threshold.metric,
         )
-        if prior is None and stated:
+        if prior is None and stated and threshold.metric in TIMING_METRICS:
             prior = stated_prior(where="the project's default; docs/statistics.md")
         if prior is not None:
             priors[(threshold.reference, threshold.metric)] = prior
