@@ -22,7 +22,7 @@ from pytest_specdecode.stats.comparison import (
     confidence_text,
     mde_text,
 )
-from pytest_specdecode.stats.two_level import LaunchPrior
+from pytest_specdecode.stats.two_level import LaunchPrior, guard_alpha
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,7 @@ def evaluate(
                 problem += f": {ref.notes[threshold.metric]}"
             checks.append(Check(threshold, ref, None, problem.replace("  ", " ")))
             continue
+        prior = (priors or {}).get((threshold.reference, threshold.metric))
         comparison = compare(
             values,
             stored,
@@ -167,8 +168,11 @@ def evaluate(
             method=method,
             seed=seed,
             launch_runs=ref.launch_runs,
-            prior=(priors or {}).get((threshold.reference, threshold.metric)),
-            alpha_no_change=alpha_no_change,
+            prior=prior,
+            # stricter once the history has enough nights: launches.guard_alpha
+            alpha_no_change=(
+                None if alpha_no_change is None else guard_alpha(alpha_no_change, prior)
+            ),
             warn_single_launch=warn_single_launch,
         )
         checks.append(Check(threshold, ref, comparison))

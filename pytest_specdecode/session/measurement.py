@@ -38,7 +38,7 @@ from pytest_specdecode.session.machine_load import (
 from pytest_specdecode.settings import Settings
 from pytest_specdecode.stats.comparison import Verdict
 from pytest_specdecode.stats.sequential import SequentialPlan
-from pytest_specdecode.stats.two_level import LaunchPrior, prior_for
+from pytest_specdecode.stats.two_level import TIMING_METRICS, LaunchPrior, prior_for, stated_prior
 from pytest_specdecode.verdict import Check, check_json, evaluate, message, outcome_of
 from pytest_specdecode.workloads import Workload
 
@@ -132,8 +132,10 @@ class Measurer:
             if own and own.get("tok_s"):
                 # The per-look alphas are calibrated for the stored baseline's size.
                 plan = plan.for_baseline(len(own["tok_s"]))
-            priors = launch_priors(history, test_id, spec, hw, fingerprint.digest, workload)
             launch_varies = not simulated or float(info.get("sim_launch_cv") or 0) > 0
+            priors = launch_priors(
+                history, test_id, spec, hw, fingerprint.digest, workload, stated=launch_varies
+            )
             samples: dict[str, list[float]] = {}
             decided: dict[int, Check] = {}
             checks: tuple[Check, ...] = ()
@@ -230,21 +232,27 @@ def launch_priors(
     hardware: str,
     digest: str,
     workload: Workload,
+    *,
+    stated: bool = False,
 ) -> dict[tuple[str | None, str], LaunchPrior]:
     """The launch variance of each checked metric from the nights of history (the same
-    test, hardware, configuration and workload), where the history has enough of them."""
-    if not history:
-        return {}
+    test, hardware, configuration and workload), where the history has enough of them; else, with
+    ``stated`` (servers whose launches vary), the stated prior of
+    :func:`~pytest_specdecode.stats.two_level.stated_prior`, so that the first nights after a
+    baseline
+    recording are not judged on 2 df (docs/statistics.md, "The first night")."""
     priors = {}
     for threshold in spec.thresholds:
         prior = prior_for(
-            history,
+            history or [],
             test_id=test_id,
             hardware_key=hardware,
             fingerprint=digest,
             workload_hash=workload.content_hash(),
             metric=threshold.metric,
         )
+        if prior is None and stated and threshold.metric in TIMING_METRICS:
+            prior = stated_prior(where="the project's default; docs/statistics.md")
         if prior is not None:
             priors[(threshold.reference, threshold.metric)] = prior
     return priors

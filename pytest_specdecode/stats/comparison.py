@@ -244,6 +244,8 @@ def compare(
     warnings = list(interval.notes)
     if warn_single_launch and not two_levels and cur.size > 1 and base.size > 1:
         warnings.extend(levels.notes)
+    elif two_levels and prior is not None and prior.stated:
+        warnings.extend(levels.notes)  # the stated prior's source, or why it was not used
     if code == -1 and margin < 0 and alpha_no_change is not None:
         guard = interval_at(alpha_no_change)
         if guard.high >= -TIE_TOLERANCE:

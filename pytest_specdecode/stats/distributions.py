@@ -47,6 +47,7 @@ special: Any = LazyModule("scipy.special")
 __all__ = [
     "LazyModule",
     "chi2_ppf",
+    "f_isf",
     "norm_cdf",
     "norm_isf",
     "norm_ppf",
@@ -97,3 +98,9 @@ def norm_isf(q: Any) -> Any:
 def chi2_ppf(q: Any, df: Any) -> Any:
     """The x with P(X <= x) = q for the chi-square distribution with ``df`` degrees of freedom."""
     return 2.0 * special.gammaincinv(df / 2.0, q)
+
+
+def f_isf(q: Any, dfn: Any, dfd: Any) -> Any:
+    """The x with P(X > x) = q for the F distribution with ``dfn`` and ``dfd`` degrees of
+    freedom."""
+    return special.fdtri(dfn, dfd, 1.0 - q)

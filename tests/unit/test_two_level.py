@@ -12,9 +12,13 @@ import pytest
 from pytest_specdecode.settings import OPTIONS_BY_NAME
 from pytest_specdecode.stats.comparison import Verdict, compare
 from pytest_specdecode.stats.two_level import (
+    HISTORY_GUARD_FACTOR,
+    HISTORY_GUARD_NIGHTS,
     LaunchPrior,
+    guard_alpha,
     prior_for,
     prior_from_history,
+    stated_prior,
     two_level,
 )
 
@@ -235,3 +239,77 @@ def test_two_noisy_launches_against_a_steady_current_launch_is_a_verdict_not_a_c
         assert result.mde is not None
         assert result.mde > 0
         assert result.verdict in (Verdict.PASS, Verdict.INCONCLUSIVE)
+
+
+# --------------------------------------------------------------------------- the first night
+
+
+def _first_night_fail_rate(
+    change: float, launch_cv: float, trials: int, prior: LaunchPrior | None, seed: int
+) -> float:
+    """P(FAIL) of one nightly launch (10 runs, one look at the last look's alpha and guard)
+    against 3 baseline launches of 60 runs, at run CV 4 % (the seed's), no history."""
+    from pytest_specdecode.stats.sequential import SequentialPlan
+
+    plan = SequentialPlan(5, 10, alpha=DEFAULT_ALPHA).for_baseline(180)
+    look = plan.alpha_at(len(plan.looks()) - 1)
+    rng = np.random.default_rng(seed)
+    fails = 0
+    for _ in range(trials):
+        baseline = launches(rng, 3, 60, launch_cv=launch_cv, run_cv=0.04)
+        current = np.array(launches(rng, 1, 10, launch_cv=launch_cv, run_cv=0.04)) * (1 + change)
+        result = compare(
+            list(current), baseline, margin=-0.02, alpha=look, launch_runs=[60, 60, 60],
+            prior=prior, alpha_no_change=DEFAULT_GUARD * look / DEFAULT_ALPHA,
+        )  # fmt: skip
+        fails += result.verdict is Verdict.FAIL
+    return fails / trials
+
+
+def test_the_stated_prior_lets_the_seeds_29_percent_regression_fail_on_the_first_night() -> None:
+    # Without it 3 launches give the guard 2 df (t about 8.6): about a third of first nights.
+    without = _first_night_fail_rate(-0.29, 0.05, 150, None, RNG_SEED)
+    with_prior = _first_night_fail_rate(-0.29, 0.05, 150, stated_prior(), RNG_SEED)
+    assert without < 0.6
+    assert with_prior >= 0.93  # 96.5 % over 400 trials (docs/statistics.md)
+
+
+def test_the_stated_prior_keeps_an_unchanged_builds_first_night_fails_under_1_percent() -> None:
+    assert _first_night_fail_rate(0.0, 0.05, 400, stated_prior(), RNG_SEED + 1) <= 0.01
+
+
+def test_the_stated_prior_is_named_in_the_verdict_and_dropped_when_the_launches_disagree() -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    current = launches(rng, 1, 10, launch_cv=0, run_cv=0.03)
+    steady = launches(rng, 3, 20, launch_cv=0.0, run_cv=0.03)
+    used = compare(current, steady, margin=-0.02, alpha=0.15, launch_runs=[20] * 3,
+                   prior=stated_prior(where="test"))  # fmt: skip
+    assert any("stated prior of launch CV 6.0% with 6 pseudo-df (test)" in w for w in used.warnings)
+    assert used.df is not None
+    assert used.df > 4  # 2 df of the launches and 6 of the prior
+    # launch means 100, 130, 75: far more than 6 % allows
+    wild = [v * f for f, v in zip([1.0] * 20 + [1.3] * 20 + [0.75] * 20, steady, strict=True)]
+    dropped = compare(current, wild, margin=-0.02, alpha=0.15, launch_runs=[20] * 3,
+                      prior=stated_prior())  # fmt: skip
+    assert any("was not used" in w for w in dropped.warnings)
+    assert dropped.df is not None
+    assert dropped.df <= 2.0 + 1e-9
+
+
+def test_stated_prior_rejects_nonsense_and_has_no_run_noise_to_subtract() -> None:
+    with pytest.raises(ValueError):
+        stated_prior(0.0)
+    with pytest.raises(ValueError):
+        stated_prior(0.05, 0.0)
+    prior = stated_prior(0.05, 6)
+    assert prior.stated
+    assert prior.launch_variance(0.01) == pytest.approx(math.log1p(0.05**2))
+
+
+def test_the_guard_tightens_only_with_enough_nights_of_measured_history() -> None:
+    history = LaunchPrior(variance=0.0025, df=20.0, nights=30, runs=10.0)
+    short = LaunchPrior(variance=0.0025, df=4.0, nights=HISTORY_GUARD_NIGHTS - 1, runs=10.0)
+    assert guard_alpha(0.01, history) == pytest.approx(0.01 * HISTORY_GUARD_FACTOR)
+    assert guard_alpha(0.01, short) == 0.01
+    assert guard_alpha(0.01, stated_prior()) == 0.01
+    assert guard_alpha(0.01, None) == 0.01

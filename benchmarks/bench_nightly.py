@@ -1,0 +1,477 @@
+"""Detection across nights: delays and false alarms of every rule on the same simulated nights
+(prints figures; not a test). Issue #23.
+
+Each trial is one check's life after an acknowledged change: a baseline of 3 launches x 60 runs,
+then the nightly sessions, one launch of up to 10 runs each (run CV 3 %), lognormal at both
+levels. The first ``REFERENCE`` nights (the detector's reference, 90) are unchanged; then either
+30 more unchanged nights (false alarms per 30 nights) or a persistent drop of 5, 10 or 29 % from
+the first evaluated night on, followed for up to ``CHANGE_NIGHTS`` nights (the delay).
+
+Everything a session does goes through the plugin's own code: every evaluated night is judged by
+``stats.compare`` look by look with the sequential plan's alphas and the no-change guard spent in
+proportion (as ``measurement.py`` does), with the launch prior that ``launches.prior_for`` reads
+from the history records; each night is written as a history record (the shape of
+``outputs/history.history_record``, checked by ``history.parse_record``; ``--ci`` also appends
+every night to a real history file with ``append_history`` and reads it back with
+``read_history``), and the cross-night detector reads its series with
+``crossnight.series_from_history`` and judges it with ``crossnight.detect``. The rules, on the
+same nights:
+
+* **new**: the nightly gate with the guard tightened once history exists
+  (``launches.guard_alpha``) OR the cross-night CUSUM (``crossnight.detect``, 90-night frozen
+  reference); **new, R=30**: the same with a 30-night reference (active three times sooner);
+* **previous**: today's trend rule, two nightly FAILs in a row (guard 0.01, ``outputs/trend.py``);
+* **mean:5%**: pytest-benchmark's ``--benchmark-compare-fail=mean:5%`` each night against the
+  saved baseline (the mean of the night's 10 runs more than 5 % below the baseline's mean);
+* **asv-style**: a reimplementation (asv is not a dependency) of asv's step detection: the
+  optimal piecewise-constant fit of the nightly log means with a BIC-like penalty (3 ln n per
+  segment, noise from the successive differences), a regression when the latest segment of >= 2
+  nights lies more than 5 % (asv's ``regressions_thresholds`` default) below the one before;
+* **Otava-like**: a reimplementation (Apache Otava pins numpy 2.2 and pulls service clients; its
+  own venv was not practical here) of Hunter/Otava's test: the E-divisive split of the trailing
+  30 nights (``changepoint`` Q, power 1) and a two-sided Student t-test on it at Otava's default
+  ``max_pvalue`` 0.001; a drop counts when its split lies at most 5 nights before the change;
+* **oracle**: the CUSUM with the true level and noise (the limit any detector of this k has), h
+  calibrated to the same 3.5 % per 30 nights.
+
+Delays count nights from the change (1 = flagged on the first changed night); ">N" means not
+flagged by the cap in at least that share of trials. Monte Carlo error: +-sqrt(p(1-p)/trials) on
+rates (printed), and the order-statistic interval on the 95th percentile (printed as a range).
+
+    python benchmarks/bench_nightly.py [--trials 200] [--seed 1] [--ci]
+        [--scenario NAME=LAUNCH_CV,RUN_CV] [--measured launch_means.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tabulate import tabulate
+
+from pytest_specdecode.outputs.history import (
+    HISTORY_SCHEMA_VERSION,
+    append_history,
+    parse_record,
+    read_history,
+)
+from pytest_specdecode.settings import OPTIONS_BY_NAME
+from pytest_specdecode.stats.changepoint import energy_split
+from pytest_specdecode.stats.comparison import Verdict, compare
+from pytest_specdecode.stats.crossnight import (
+    Z_CLIP,
+    DetectorConfig,
+    detect,
+    series_from_history,
+)
+from pytest_specdecode.stats.distributions import t_sf
+from pytest_specdecode.stats.sequential import SequentialPlan
+from pytest_specdecode.stats.two_level import LaunchPrior, guard_alpha, prior_for, stated_prior
+
+LEVEL = 88.8  # tok/s, the seed's NCCL-tuned baseline
+MARGIN = -0.02
+ALPHA = float(OPTIONS_BY_NAME["alpha"].default)
+ALPHA_NO_CHANGE = float(OPTIONS_BY_NAME["alpha_no_change"].default)
+RUNS = int(OPTIONS_BY_NAME["runs"].default)
+MAX_RUNS = int(OPTIONS_BY_NAME["max_runs"].default)
+BASELINE_RUNS = int(OPTIONS_BY_NAME["baseline_runs"].default)
+BASELINE_LAUNCHES = 3
+CONFIG = DetectorConfig(attribute=False)
+SHORT = DetectorConfig(reference_nights=30, attribute=False)
+REFERENCE = CONFIG.reference_nights
+NULL_NIGHTS = 30
+CHANGE_NIGHTS = 40
+CHANGES = (-0.05, -0.10, -0.29)
+OTAVA_WINDOW, OTAVA_P = 30, 0.001
+ASV_THRESHOLD = 0.05
+LOAD_S, RUN_S = 900.0, 5.5
+KEY = {"test_id": "bench::test_tok_s", "hardware_key": "sim", "fingerprint": "f",
+       "workload_hash": "w"}  # fmt: skip
+RULES = ("new", "new, R=30", "previous", "mean:5%", "asv-style", "Otava-like", "oracle")
+START = datetime(2026, 1, 1, 3, 0, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The noise of one box. ``launch_effects`` (log deviations of measured launch means from
+    their mean) replaces the lognormal launch effect by resampling: the hook for measured GPU
+    noise (``--measured``)."""
+
+    name: str
+    launch_cv: float
+    run_cv: float
+    launch_effects: tuple[float, ...] = ()
+
+    def launches(self, rng: np.random.Generator, k: int, r: int) -> np.ndarray:
+        if self.launch_effects:
+            offsets = rng.choice(np.asarray(self.launch_effects), (k, 1))
+        else:
+            offsets = rng.normal(0.0, math.sqrt(math.log1p(self.launch_cv**2)), (k, 1))
+        run_sd = math.sqrt(math.log1p(self.run_cv**2))
+        return LEVEL * np.exp(offsets + rng.normal(0.0, run_sd, (k, r)))
+
+
+SCENARIOS = (Scenario("launch CV 3%", 0.03, 0.03), Scenario("launch CV 5%", 0.05, 0.03))
+
+
+# --------------------------------------------------------------------------- a night's records
+
+
+def night_record(
+    index: int, runs: np.ndarray, verdict: str, baseline_mean: float
+) -> dict[str, Any]:
+    """One session's history line, in the shape ``history_record`` writes (the fields the
+    readers use), checked by the history's own parser."""
+    mean = float(runs.mean())
+    record = {
+        "schema_version": HISTORY_SCHEMA_VERSION,
+        "time_utc": (START + timedelta(days=index)).isoformat().replace("+00:00", "Z"),
+        "run_id": f"night-{index}",
+        "tests": [
+            {
+                **KEY,
+                "profile": "bench",
+                "outcome": verdict,
+                "metrics": {
+                    "tok_s": {
+                        "n": int(runs.size),
+                        "mean": mean,
+                        "cv": float(runs.std(ddof=1) / mean),
+                    }
+                },
+                "checks": [
+                    {
+                        "metric": "tok_s",
+                        "reference": None,
+                        "verdict": verdict,
+                        "baseline_mean": baseline_mean,
+                        "ratio": mean / baseline_mean,
+                    }
+                ],
+            }
+        ],
+    }
+    return parse_record(json.dumps(record), where=f"night {index}")
+
+
+# --------------------------------------------------------------------------- the nightly gate
+
+
+def gate(
+    runs: np.ndarray,
+    baseline: list[float],
+    plan: SequentialPlan,
+    prior: LaunchPrior | None,
+) -> tuple[Verdict, Verdict]:
+    """Today's verdict (guard 0.01 spent across the looks) and the new one (the guard from
+    ``launches.guard_alpha``), look by look as ``measurement.py`` runs them. The two differ only
+    where today's is FAIL, so the new rule reuses today's comparisons elsewhere."""
+    looks = plan.looks()
+    memo: dict[tuple[int, float], Verdict] = {}
+
+    def at(index: int, guard: float) -> Verdict:
+        if (index, guard) not in memo:
+            look_alpha = plan.alpha_at(index)
+            memo[index, guard] = compare(
+                list(runs[: looks[index]]),
+                baseline,
+                margin=MARGIN,
+                alpha=look_alpha,
+                launch_runs=[BASELINE_RUNS] * BASELINE_LAUNCHES,
+                prior=prior,
+                alpha_no_change=guard * look_alpha / ALPHA,
+            ).verdict
+        return memo[index, guard]
+
+    def sequence(guard: float) -> Verdict:
+        verdict = Verdict.INCONCLUSIVE
+        for index in range(len(looks)):
+            verdict = at(index, ALPHA_NO_CHANGE)
+            if verdict is Verdict.FAIL and guard != ALPHA_NO_CHANGE:
+                verdict = at(index, guard)
+            if verdict is not Verdict.INCONCLUSIVE:
+                return verdict
+        return verdict
+
+    return sequence(ALPHA_NO_CHANGE), sequence(guard_alpha(ALPHA_NO_CHANGE, prior))
+
+
+# --------------------------------------------------------------------------- comparators
+
+
+def asv_regression(values: np.ndarray) -> bool:
+    """asv-style: the latest step of an optimal piecewise-constant fit is a drop > 5 %."""
+    n = values.size
+    if n < 4:
+        return False
+    noise = max(float(np.mean(np.diff(values) ** 2) / 2.0), 1e-12)
+    penalty = 3.0 * math.log(n)
+    s1 = np.concatenate([[0.0], np.cumsum(values)])
+    s2 = np.concatenate([[0.0], np.cumsum(values**2)])
+    best = np.full(n + 1, np.inf)
+    best[0] = -penalty
+    cut = np.zeros(n + 1, dtype=np.int64)
+    for j in range(1, n + 1):
+        i = np.arange(j)
+        cost = (s2[j] - s2[i]) - (s1[j] - s1[i]) ** 2 / (j - i)
+        total = best[i] + cost / noise + penalty
+        cut[j] = int(np.argmin(total))
+        best[j] = total[cut[j]]
+    last = cut[n]
+    if last == 0 or n - last < 2:
+        return False
+    previous = cut[last]
+    before = float(values[previous:last].mean())
+    after = float(values[last:].mean())
+    return math.expm1(after - before) < -ASV_THRESHOLD
+
+
+def otava_split(values: np.ndarray) -> int | None:
+    """Otava-like: the E-divisive split of the trailing window, kept when a two-sided Student
+    t-test gives p <= 0.001 and the later side is lower; its index in ``values``."""
+    window = values[-OTAVA_WINDOW:]
+    split = energy_split(window, permutations=0)
+    if split is None or split.after >= split.before:
+        return None
+    left, right = window[: split.index], window[split.index :]
+    df = left.size + right.size - 2
+    pooled = ((left.size - 1) * left.var(ddof=1) + (right.size - 1) * right.var(ddof=1)) / df
+    se = math.sqrt(pooled * (1 / left.size + 1 / right.size))
+    if se == 0:
+        return None
+    p_value = 2.0 * float(t_sf(abs(left.mean() - right.mean()) / se, df))
+    return values.size - window.size + split.index if p_value <= OTAVA_P else None
+
+
+@dataclass(frozen=True)
+class Oracle:
+    level: float  # the true expected log night mean of the unchanged build
+    sd: float
+    k: float
+    h: float
+
+
+def oracle_for(scenario: Scenario, seed: int) -> Oracle:
+    """The known-noise CUSUM: the level and SD of a night's log mean by simulation (200,000
+    nights), h for 3.5 % per 30 nights on 20,000 null paths."""
+    rng = np.random.default_rng([seed, 99])
+    nights = np.log(scenario.launches(rng, 200_000, MAX_RUNS).mean(axis=1))
+    level, sd = float(nights.mean()), float(nights.std())
+    k = abs(math.log1p(-CONFIG.min_change)) / (2 * sd)
+    z = np.clip(rng.standard_normal((20_000, NULL_NIGHTS)), -Z_CLIP, Z_CLIP)
+    s, peak = np.zeros(z.shape[0]), np.zeros(z.shape[0])
+    for t in range(NULL_NIGHTS):
+        s = np.maximum(0.0, s - z[:, t] - k)
+        peak = np.maximum(peak, s)
+    return Oracle(level, sd, k, float(np.quantile(peak, 1 - CONFIG.false_alarm)))
+
+
+# --------------------------------------------------------------------------- one trial
+
+
+def trial(
+    scenario: Scenario,
+    change: float,
+    rng: np.random.Generator,
+    oracle: Oracle,
+    plan: SequentialPlan,
+    history_file: Path | None = None,
+) -> dict[str, int | None]:
+    """The first night each rule flags (1-based from the change), None when not flagged."""
+    base = scenario.launches(rng, BASELINE_LAUNCHES, BASELINE_RUNS)
+    baseline = list(base.ravel())
+    baseline_mean = float(base.mean())
+    history: list[dict[str, Any]] = []
+
+    def add(record: dict[str, Any]) -> None:
+        history.append(record)
+        if history_file is not None:
+            append_history(history_file, record)
+
+    for index in range(REFERENCE):  # the reference nights: only their records matter here
+        runs = scenario.launches(rng, 1, MAX_RUNS)[0]
+        add(night_record(index, runs, "inconclusive", baseline_mean))
+    horizon = NULL_NIGHTS if change == 0 else CHANGE_NIGHTS
+    found: dict[str, int | None] = dict.fromkeys(RULES)
+    previous_fail = False
+    oracle_s = 0.0
+    for night in range(1, horizon + 1):
+        runs = scenario.launches(rng, 1, MAX_RUNS)[0] * (1.0 + change)
+        if history_file is not None:
+            history[:] = read_history(history_file)
+        prior = prior_for(history, metric="tok_s", **KEY)
+        old, new = gate(runs, baseline, plan, prior)
+        add(night_record(REFERENCE + night - 1, runs, new.value, baseline_mean))
+        series = series_from_history(history, metric="tok_s", **KEY)
+        values = np.log([n.mean for n in series if n.mean is not None])
+        flags = {
+            "new": new is Verdict.FAIL or detect(series, CONFIG).alarm,
+            "new, R=30": new is Verdict.FAIL
+            or detect(series[REFERENCE - SHORT.reference_nights :], SHORT).alarm,
+            "previous": old is Verdict.FAIL and previous_fail,
+            "mean:5%": float(runs.mean()) < 0.95 * baseline_mean,
+            "asv-style": asv_regression(values),
+        }
+        split = otava_split(values)
+        flags["Otava-like"] = split is not None and split >= REFERENCE - 5
+        z = max(-Z_CLIP, min(Z_CLIP, (float(values[-1]) - oracle.level) / oracle.sd))
+        oracle_s = max(0.0, oracle_s - z - oracle.k)
+        flags["oracle"] = oracle_s > oracle.h
+        previous_fail = old is Verdict.FAIL
+        for rule, flagged in flags.items():
+            if flagged and found[rule] is None:
+                found[rule] = night
+        if all(value is not None for value in found.values()):
+            break
+    return found
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def delay_cell(delays: Sequence[int | None], cap: int) -> str:
+    """Median and 95th percentile of the delay in nights, the latter with the order-statistic
+    95 % interval as its Monte Carlo error."""
+    n = len(delays)
+    values = np.sort([d if d is not None else math.inf for d in delays])
+
+    def at(q: float) -> float:
+        return float(values[min(n - 1, math.ceil(q * n) - 1)])
+
+    def text(value: float) -> str:
+        return f">{cap}" if math.isinf(value) else f"{value:.0f}"
+
+    spread = 1.96 * math.sqrt(n * 0.95 * 0.05)
+    low = float(values[max(0, math.floor(0.95 * n - spread) - 1)])
+    high = float(values[min(n - 1, math.ceil(0.95 * n + spread) - 1)])
+    return f"{text(at(0.5))} / {text(at(0.95))} ({text(low)}-{text(high)})"
+
+
+def rate_cell(hits: int, n: int) -> str:
+    p = hits / n
+    return f"{p:.1%} ±{math.sqrt(max(p * (1 - p), 1 / n) / n):.1%}"
+
+
+def run(
+    scenarios: Sequence[Scenario],
+    trials: int,
+    seed: int,
+    history_file: Callable[[], Path] | None = None,
+    changes: Sequence[float] = (0.0, *CHANGES),
+) -> list[list[str]]:
+    plan = SequentialPlan(initial_runs=RUNS, max_runs=MAX_RUNS, alpha=ALPHA).for_baseline(
+        BASELINE_LAUNCHES * BASELINE_RUNS
+    )
+    rows = []
+    for scenario in scenarios:
+        oracle = oracle_for(scenario, seed)
+        for change in changes:
+            rng = np.random.default_rng(
+                [seed, round(scenario.launch_cv * 1e4), round(-change * 1e3)]
+            )
+            results = [
+                trial(scenario, change, rng, oracle, plan,
+                      history_file() if history_file is not None and i == 0 else None)
+                for i in range(trials)
+            ]  # fmt: skip
+            if change == 0:
+                cells = [rate_cell(sum(r[rule] is not None for r in results), trials)
+                         for rule in RULES]  # fmt: skip
+                label = "false alarms / 30 nights"
+            else:
+                cells = [delay_cell([r[rule] for r in results], CHANGE_NIGHTS) for rule in RULES]
+                label = f"{change:+.0%}: delay median / p95"
+            rows.append([scenario.name, label, *cells])
+    return rows
+
+
+def first_night(scenarios: Sequence[Scenario], trials: int, seed: int) -> list[list[str]]:
+    """P(FAIL) on the first night after a baseline recording (no history), at the seed's run CV
+    4 %, with today's 2 df and with the stated prior (``launches.stated_prior``)."""
+    plan = SequentialPlan(initial_runs=RUNS, max_runs=MAX_RUNS, alpha=ALPHA).for_baseline(
+        BASELINE_LAUNCHES * BASELINE_RUNS
+    )
+    rows = []
+    for scenario in scenarios:
+        seed_noise = Scenario(scenario.name, scenario.launch_cv, 0.04, scenario.launch_effects)
+        for change in (0.0, -0.29):
+            rng = np.random.default_rng([seed, 7, round(scenario.launch_cv * 1e4)])
+            fails = {"today": 0, "stated prior": 0}
+            count = trials * (3 if change == 0 else 1)  # 1 % needs more trials to show
+            for _ in range(count):
+                base = list(seed_noise.launches(rng, BASELINE_LAUNCHES, BASELINE_RUNS).ravel())
+                runs = seed_noise.launches(rng, 1, MAX_RUNS)[0] * (1 + change)
+                fails["today"] += gate(runs, base, plan, None)[0] is Verdict.FAIL
+                fails["stated prior"] += gate(runs, base, plan, stated_prior())[0] is Verdict.FAIL
+            rows.append([scenario.name, f"{change:+.0%}", *(rate_cell(v, count)
+                                                             for v in fails.values())])  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--first-night-trials", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--ci", action="store_true", help="a small, quick configuration")
+    parser.add_argument("--changes", type=float, nargs="+", default=[0.0, *CHANGES],
+                        help="true changes, 0 for the false-alarm row (default 0 -0.05 -0.1 "
+                        "-0.29)")  # fmt: skip
+    parser.add_argument("--no-first-night", action="store_true")
+    parser.add_argument("--scenario", action="append", default=[],
+                        help="NAME=LAUNCH_CV,RUN_CV: another box's noise")  # fmt: skip
+    parser.add_argument("--measured", type=Path,
+                        help="JSON list of measured launch means of one build: their log "
+                        "deviations are resampled as launch effects")  # fmt: skip
+    args = parser.parse_args()
+    scenarios = list(SCENARIOS)
+    for text in args.scenario:
+        name, _, numbers = text.partition("=")
+        launch_cv, run_cv = (float(v) for v in numbers.split(","))
+        scenarios.append(Scenario(name, launch_cv, run_cv))
+    if args.measured is not None:
+        means = np.log(np.asarray(json.loads(args.measured.read_text()), dtype=float))
+        effects = tuple(float(v) for v in means - means.mean())
+        scenarios.append(Scenario(f"measured ({args.measured.name})", float(np.std(means)), 0.03,
+                                  effects))  # fmt: skip
+    trials, first_trials = (8, 40) if args.ci else (args.trials, args.first_night_trials)
+    started = time.monotonic()
+    print(
+        f"one launch of {RUNS}..{MAX_RUNS} runs a night, run CV 3%, margin {MARGIN:+.0%}, "
+        f"baseline {BASELINE_LAUNCHES} launches x {BASELINE_RUNS} runs; detector: reference "
+        f"{REFERENCE} nights, min change {CONFIG.min_change:.0%}, false alarms "
+        f"{CONFIG.false_alarm:.1%} per {CONFIG.horizon} nights; {trials} trials per row\n"
+    )
+    with tempfile.TemporaryDirectory() as directory:
+        history = (lambda: Path(directory) / "history.jsonl") if args.ci else None
+        rows = run(scenarios, trials, args.seed, history, args.changes)
+    print(tabulate(rows, headers=["scenario", "row", *RULES], tablefmt="github"))
+    print(
+        f"\ndelays in nights from the change, median / 95th percentile (its 95 % Monte Carlo "
+        f"interval); >{CHANGE_NIGHTS}: not flagged within {CHANGE_NIGHTS} nights. The new "
+        f"rule's CUSUM is active after {REFERENCE} nights of reference (R=30: after 30).\n"
+    )
+    if args.no_first_night:
+        print(f"({time.monotonic() - started:.0f} s)")
+        return
+    first = first_night(scenarios, first_trials, args.seed)
+    print("first night after a baseline recording (3 launches x 60 runs, run CV 4 %, no history):")
+    print(tabulate(first, headers=["scenario", "change", "FAIL today (2 df)",
+                                   "FAIL with the stated prior"], tablefmt="github"))  # fmt: skip
+    for k in (3, 6):
+        minutes = (k * LOAD_S + k * BASELINE_RUNS * RUN_S) / 60
+        print(f"recording a baseline: {k} launches x {BASELINE_RUNS} runs = {minutes:.0f} GPU min")
+    print(f"({time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
