@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_specdecode.servers.launcher import Launcher
+from pytest_specdecode.servers.launcher import Launcher, ServerIdentity
 from pytest_specdecode.servers.readiness import LogTail
 
 if TYPE_CHECKING:
@@ -82,6 +82,9 @@ class ServerHandle:
     log_path: Path | None = None
     ready_seconds: float | None = None
     launcher: Launcher | None = None
+    identity: ServerIdentity = field(default_factory=dict)
+    """What the pool records about the server (``{"pid", "port", ...}``, a container's id): a
+    user's test may read it, e.g. to signal the server's process."""
     recorded_alive: Callable[[], bool] | None = None
     """A server an earlier session recorded (no launcher of ours): whether its process still
     runs. The pool passes it in, so that a handle needs no knowledge of server kinds."""

@@ -380,6 +380,7 @@ class ServerPool:
                 origin="reused",
                 api_key=api_key(profile, self.env),
                 log_path=Path(entry.log_path) if entry.log_path else None,
+                identity=entry.identity,
                 recorded_alive=partial(identity_alive, entry.identity) if entry.identity else None,
             )
             cached = self._handles.get(profile.name)

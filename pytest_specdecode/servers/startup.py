@@ -121,6 +121,7 @@ class ServerStarter:
                 log_path=log_path,
                 ready_seconds=ready,
                 launcher=launcher,
+                identity=launcher.identity(),
             )
             self._emit(f"{profile.name}: ready after {ready:.1f}s")
             if self._warmup is not None:
