@@ -83,6 +83,9 @@ class SpecdecodeResult:
     host: str | None = None
     """The ``[hosts.NAME]`` its server ran on (a fleet, :mod:`pytest_specdecode.fleet`); None:
     this machine, or an attached server."""
+    crossnight: dict[str, Any] = field(default_factory=dict)
+    """The cross-night detector's state of each series after tonight, by metric
+    (:mod:`pytest_specdecode.session.cross_night`); empty when the test recorded a baseline."""
 
     @classmethod
     def errored(

@@ -63,6 +63,13 @@ def _launch_count(text: str) -> int:
     return value
 
 
+def _reference_nights(text: str) -> int:
+    value = int(text)
+    if not 5 <= value <= 1000:
+        raise ValueError("must be a whole number of nights from 5 to 1000")
+    return value
+
+
 def _probability(text: str) -> float:
     value = float(text)
     if not 0.0 < value < 0.5:
@@ -265,6 +272,16 @@ OPTIONS: tuple[Option, ...] = (
         "ALPHA",
     ),
     Option(
+        "reference_nights",
+        "--specdecode-reference-nights",
+        "Nights of history after a baseline recording that the cross-night detector takes as "
+        "its frozen reference before it watches for a persistent drop (90 meets the detection "
+        "targets in docs/statistics.md; fewer: active sooner, slower to flag small drops)",
+        90,
+        _reference_nights,
+        "N",
+    ),
+    Option(
         "method",
         "--specdecode-method",
         f"Confidence interval of current/baseline: {', '.join(METHODS)}",
@@ -393,6 +410,7 @@ class Settings:
     baseline_launches: int | None
     alpha: float
     alpha_no_change: float
+    reference_nights: int
     method: str
     on_inconclusive: str
     on_missing_baseline: str

@@ -122,6 +122,8 @@ def _test_record(result: SpecdecodeResult) -> dict[str, Any]:
         "metrics": metrics,
         "checks": [_check_record(c) for c in result.checks],
         "error": dataclasses.asdict(result.error) if result.error is not None else None,
+        # the detector's state after this night: it lives with the history it is computed from
+        "crossnight": result.crossnight,
     }
 
 

@@ -14,6 +14,7 @@ the provenance) comes in as callables, so this module needs nothing of session.p
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from pytest_specdecode.backends import backend_for
@@ -29,6 +30,12 @@ from pytest_specdecode.session.baseline_launches import (
     PendingLaunches,
     launches_for,
     recording_outcome,
+)
+from pytest_specdecode.session.cross_night import (
+    Tonight,
+    alarm_message,
+    cross_night,
+    night_sensitivity,
 )
 from pytest_specdecode.session.machine_load import (
     LoadSampler,
@@ -66,8 +73,10 @@ class Measurer:
         fingerprint_of: Callable[[str, str], Fingerprint],
         recorder_hint: Callable[[str, Workload], str],
         provenance: Callable[[ServerHandle, Mapping[str, Any]], Mapping[str, Any]],
+        run_id: str = "",
     ) -> None:
         self.settings = settings
+        self.run_id = run_id  # tonight's session, as the history names it
         self.store = store
         self.pool = pool  # its GPU lock is held over the warm-up and the runs
         self.runner = runner
@@ -183,11 +192,44 @@ class Measurer:
         else:
             warnings.extend(comparison_warnings(machine, spec.thresholds, refs))
         launches = launches_for(settings, launch_varies) if updating else 1
+        crossnight: dict[str, Any] = {}
         if updating:
             outcome, text = recording_outcome(settings, samples)
         else:
             outcome = outcome_of(checks)
             text = message(checks, outcome)
+            tonight = Tonight(
+                test_id=test_id,
+                hardware_key=hw,
+                fingerprint=fingerprint.digest,
+                workload_hash=workload.content_hash(),
+                when=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                session=self.run_id,
+            )
+            states = cross_night(
+                history or [],
+                tonight,
+                samples,
+                spec.thresholds,
+                reference_nights=settings.reference_nights,
+            )
+            crossnight = {s.metric: s.to_json() for s in states}
+            alarm = alarm_message(states)
+            if alarm is not None:
+                # A persistent drop fails the night whatever tonight's own verdict was: a PASS
+                # or INCONCLUSIVE night of a real regression must not show green.
+                outcome = Outcome.FAIL
+                text = f"{text}\n{alarm}"
+            else:
+                text += "".join(f"\n{s.describe()}" for s in states if s.state.direction)
+            seen = night_sensitivity(
+                history or [],
+                tonight,
+                samples.get("tok_s", []),
+                reference_nights=settings.reference_nights,
+            )
+            if seen is not None:
+                text += f"\n{seen}"
         result = SpecdecodeResult(
             test_id=test_id,
             profile=profile.name,
@@ -211,6 +253,7 @@ class Measurer:
             },
             launch_runs=[len(samples.get("tok_s", []))],
             host=profile.placed_on,
+            crossnight=crossnight,
         )
         if outcome is Outcome.RECORDED and launches > 1:
             if handle.origin == "attached":

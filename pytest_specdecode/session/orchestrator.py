@@ -129,6 +129,7 @@ class SpecdecodeSession:
             fingerprint_of=lambda name, where: self.profile(name, where=where).fingerprint(),
             recorder_hint=self.recorder_hint,
             provenance=self._provenance,
+            run_id=run_id,
         )
         self._placement: Placement | None = None
         self._placed: dict[str, ServerProfile] = {}  # profiles bound to their host
