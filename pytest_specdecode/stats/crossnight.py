@@ -182,7 +182,8 @@ class CrossNightState:
         if self.start_index is not None:
             night = nights[self.start_index] if self.start_index < len(nights) else None
             label = night.when or night.session if night is not None else None
-            start = f", estimated to start at night {self.start_index}" + (
+            # counted from 1, as a person counts the nights of the series
+            start = f", estimated to start at night {self.start_index + 1}" + (
                 f" ({label})" if label else ""
             )
         size = ""

@@ -1,0 +1,144 @@
+"""Detection across nights, end to end: a user's suite, a history of nights, a drop from night 20.
+
+A nightly job cannot wait 40 real nights in CI, so the nights before tonight are written as the
+plugin writes them: one real night on the simulated server gives the history line (fingerprint,
+hardware key, workload, checks) and its level; the earlier nights are that line with each
+night's own time, session and tok/s (launch CV 3 %, seeded), and from night 20 on 10 % slower
+under a new server version. Tonight is a real session against the simulated server, slowed by
+10 % (``SPECDECODE_SIM_SLOWDOWN``, the fingerprint unchanged, as a slower SGLang build would be):
+its own verdict cannot prove a 10 % drop against a -50 % margin, so only the cross-night alarm
+can fail it. The same history without the drop, and tonight at full speed, must stay green.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conftest import Project
+
+TESTS = """
+import pytest
+
+@pytest.mark.specdecode("eagle3", workload="fast", tok_s=-0.5)
+def test_eagle3():
+    pass
+"""
+
+RUNS = ("--specdecode-runs", "5", "--specdecode-max-runs", "5")
+REFERENCE = ("--specdecode-reference-nights", "15")
+CHANGE_NIGHT = 20  # the first slower night (1-based), as the issue's scenario has it
+NIGHTS_BEFORE_TONIGHT = 22
+
+
+def _history_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _write_nights(path: Path, template: dict[str, Any], *, drop: bool) -> list[dict[str, Any]]:
+    """Nights 1..NIGHTS_BEFORE_TONIGHT from one real history line: same test, fingerprint and
+    checks; each night its own time, run id and tok/s around the real night's level."""
+    rng = random.Random(20261203)
+    (test,) = template["tests"]
+    level = float(test["metrics"]["tok_s"]["mean"])
+    nights = []
+    for night in range(1, NIGHTS_BEFORE_TONIGHT + 1):
+        record = copy.deepcopy(template)
+        record["time_utc"] = f"2026-10-{night:02d}T02:00:00Z"
+        record["started_utc"] = f"2026-10-{night:02d}T01:50:00Z"
+        record["run_id"] = f"night-{night:02d}"
+        record["commit"] = f"{night:040x}"
+        factor = 0.9 if drop and night >= CHANGE_NIGHT else 1.0
+        (entry,) = record["tests"]
+        entry["metrics"]["tok_s"]["mean"] = level * factor * math.exp(rng.gauss(0.0, 0.03))
+        entry["crossnight"] = {}
+        if drop and night >= CHANGE_NIGHT:
+            entry["server_version"] = "0.5.7-simulated"
+        nights.append(record)
+    path.write_text("".join(json.dumps(r) + "\n" for r in nights))
+    return nights
+
+
+def _one_real_night(project: Project, history: Path) -> dict[str, Any]:
+    project.tests(TESTS)
+    project.run("--update-baselines", "--specdecode-baseline-runs", "5").assert_outcomes(passed=1)
+    project.run(*RUNS, f"--specdecode-history={history}").assert_outcomes(passed=1)
+    (line,) = _history_lines(history)
+    return line
+
+
+def test_a_ten_percent_drop_from_night_20_fails_the_night_with_its_start_and_cause(
+    project: Project,
+) -> None:
+    history = project.path / "history.jsonl"
+    template = _one_real_night(project, history)
+    _write_nights(history, template, drop=True)
+
+    result = project.run_with_env(
+        {"SPECDECODE_SIM_SLOWDOWN": "1.111"},  # 10 % slower, same fingerprint
+        *RUNS,
+        *REFERENCE,
+        f"--specdecode-history={history}",
+        "--specdecode-report=report.json",
+    )
+    result.assert_outcomes(failed=1)
+    assert result.ret == 1
+    out = result.stdout.str()
+    assert "cross-night alarm" in out
+    assert "regression" in out
+    assert "estimated to start at night" in out
+
+    (entry,) = json.loads((project.path / "report.json").read_text())["tests"]
+    state = entry["crossnight"]["tok_s"]
+    assert state["alarm"] is True
+    assert state["status"] == "alarm"
+    assert state["direction"] == "regression"
+    # the drop is about 10 %: the estimate's interval holds it and excludes no change
+    assert state["shift_low"] < -0.10 < state["shift_high"] < 0
+    # Page's estimate of the first changed night: night 20 of the history, give or take one
+    started = int(state["start_session"].removeprefix("night-"))
+    assert abs(started - CHANGE_NIGHT) <= 1, state
+    if started == CHANGE_NIGHT:
+        assert any("server version" in change for change in state["changed"]), state
+
+    # tonight's line carries the state too: the detector's state lives with the history
+    tonight = _history_lines(history)[-1]
+    assert tonight["tests"][0]["crossnight"]["tok_s"]["alarm"] is True
+    assert tonight["tests"][0]["outcome"] == "fail"
+
+
+def test_the_same_nights_without_a_drop_stay_green_and_say_what_a_night_can_see(
+    project: Project,
+) -> None:
+    history = project.path / "history.jsonl"
+    template = _one_real_night(project, history)
+    _write_nights(history, template, drop=False)
+
+    result = project.run(*RUNS, *REFERENCE, f"--specdecode-history={history}", "-rA")
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    assert "cross-night alarm" not in out
+    # the launch noise is measured from the history, so the session says what it can catch
+    assert "what a night can see" in out
+    assert "tonight alone FAILs a drop of" in out
+    state = _history_lines(history)[-1]["tests"][0]["crossnight"]["tok_s"]
+    assert state["status"] == "watching"
+    assert state["alarm"] is False
+    assert state["reference_nights"] == 15
+
+
+def test_without_enough_nights_the_detector_says_it_is_warming_up(project: Project) -> None:
+    history = project.path / "history.jsonl"
+    template = _one_real_night(project, history)
+    _write_nights(history, template, drop=True)
+
+    result = project.run(*RUNS, f"--specdecode-history={history}")  # the default 90 nights
+    result.assert_outcomes(passed=1)
+    state = _history_lines(history)[-1]["tests"][0]["crossnight"]["tok_s"]
+    assert state["status"] == "warming up"
+    assert "of the 90 reference nights" in state["reason"]
