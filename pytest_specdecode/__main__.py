@@ -40,6 +40,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _reference_nights(text: str) -> int:
+    value = _positive(text)
+    if value < 5:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least 5 nights")
+    return value
+
+
 def _size(text: str) -> tuple[int, int]:
     width, sep, height = text.lower().partition("x")
     try:
@@ -68,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the trend table of a history file and optionally draw the trend picture",
         description=(
             "Print the trend of a history file written with --specdecode-history: per test its "
-            "sessions, latest figures and status. A change is flagged only when it persists for "
-            "--persist consecutive sessions."
+            "sessions, latest figures, the cross-night detector's statistic against its "
+            "threshold (and on an alarm the size of the drop and when it started) and status. A "
+            "FAIL is flagged only when it persists for --persist consecutive sessions."
         ),
         epilog="exit status: 0 ok, 1 a persistent regression is flagged, 2 usage or input error",
     )
@@ -100,6 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="consecutive sessions a change must last to be flagged (default 2)",
     )
     report.add_argument(
+        "--reference-nights",
+        type=_reference_nights,
+        default=90,
+        metavar="N",
+        help=(
+            "nights after a baseline recording the cross-night detector takes as its reference "
+            "(default 90, as --specdecode-reference-nights)"
+        ),
+    )
+    report.add_argument(
         "--skip-bad-lines",
         action="store_true",
         help="report malformed history lines on stderr and go on instead of stopping",
@@ -120,14 +138,20 @@ def run_report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             f"{', '.join(sorted(known)) or 'no tests'}"
         )
     chosen = select(records, profiles=args.profile, last=args.last)
-    table = trend(chosen, persist=args.persist)
+    table = trend(chosen, persist=args.persist, reference_nights=args.reference_nights)
     for line in format_table(table):
         print(line, file=out)
     if args.png is not None:
         from pytest_specdecode.outputs.trend_plot import plot_trend
 
         if table.rows:
-            path = plot_trend(chosen, args.png, size=args.size, persist=args.persist)
+            path = plot_trend(
+                chosen,
+                args.png,
+                size=args.size,
+                persist=args.persist,
+                reference_nights=args.reference_nights,
+            )
             print(f"trend picture: {path} ({args.size[0]}x{args.size[1]} px)", file=out)
         else:
             print(f"trend picture: not drawn, no tests in {args.history}", file=err)

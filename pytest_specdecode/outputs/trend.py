@@ -31,8 +31,20 @@ from typing import Any
 
 from tabulate import tabulate
 
+from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.outputs.json_report import parse_iso
 from pytest_specdecode.outputs.terminal import SIMULATED_BANNER, shorten
+from pytest_specdecode.stats.crossnight import (
+    CrossNightState,
+    DetectorConfig,
+    Night,
+    detect,
+    series_from_history,
+)
+
+DETECTED = ("tok_s", "accept_length")
+"""The series the trend runs the cross-night detector on (the session also watches every metric
+with an own margin; its state is in each history line)."""
 
 OUTCOME_LETTERS = {
     "pass": "P",
@@ -113,6 +125,36 @@ class TrendFlag:
 
 
 @dataclass(frozen=True)
+class Detection:
+    """The cross-night detector's state of one series of a row after its latest night
+    (:mod:`pytest_specdecode.stats.crossnight`), with the nights it ran on."""
+
+    metric: str
+    state: CrossNightState
+    nights: tuple[Night, ...]
+
+    @property
+    def start(self) -> datetime | None:
+        """When the change the detector found is estimated to have started."""
+        index = self.state.start_index
+        when = self.nights[index].when if index is not None else None
+        return parse_iso(when) if when else None
+
+    def cell(self) -> str:
+        """The table's cell: the statistic against its threshold, or why there is none."""
+        s = self.state
+        if s.status == "warming up":
+            return f"{self.metric} warming up ({s.nights}/{s.reference_nights})"
+        head = f"{self.metric} {s.statistic:.1f}/{s.h or 0:.1f}"
+        if s.direction is None:
+            return head
+        start = self.start
+        since = f" since {start:%Y-%m-%d}" if start is not None else ""
+        word = "ALARM" if s.alarm else "improved"
+        return f"{head} {word} {s.shift or 0:+.1%}{since}"
+
+
+@dataclass(frozen=True)
 class TrendRow:
     test_id: str
     profile: str
@@ -121,6 +163,12 @@ class TrendRow:
     flags: tuple[TrendFlag, ...]
     persist: int
     watch: tuple[str, ...] = ()  # checks whose latest judged session is worse, not yet flagged
+    detections: tuple[Detection, ...] = ()  # the cross-night detector per series
+
+    @property
+    def alarms(self) -> tuple[Detection, ...]:
+        """Series whose cross-night detector raised a regression alarm that still stands."""
+        return tuple(d for d in self.detections if d.state.alarm)
 
     @property
     def simulated(self) -> bool:
@@ -128,12 +176,16 @@ class TrendRow:
 
     @property
     def regressed(self) -> bool:
-        return any(f.ongoing and f.kind == "regression" for f in self.flags)
+        return bool(self.alarms) or any(f.ongoing and f.kind == "regression" for f in self.flags)
 
     @property
     def status(self) -> str:
         ongoing = [f for f in self.flags if f.ongoing]
         regressions = [f for f in ongoing if f.kind == "regression"]
+        if self.alarms:
+            return "REGRESSION across nights: " + ", ".join(
+                f"{d.metric} {d.state.shift or 0:+.1%}" for d in self.alarms
+            )
         if regressions:
             return "REGRESSION: " + ", ".join(
                 f"{f.check} ({f.length} sessions)" for f in regressions
@@ -257,21 +309,55 @@ def _flags(
     return tuple(flags), tuple(watch)
 
 
-def trend(records: Iterable[Mapping[str, Any]], *, persist: int = 2) -> TrendTable:
+def _detections(
+    ordered: Sequence[Mapping[str, Any]], test: Mapping[str, Any], reference_nights: int
+) -> tuple[Detection, ...]:
+    """The detector over the history of ``test`` (its latest line's test id, hardware key,
+    fingerprint and workload: a new configuration is a new series) for each metric it has."""
+    out = []
+    for metric in DETECTED:
+        if metric not in (test.get("metrics") or {}):
+            continue
+        nights = series_from_history(
+            ordered,
+            test_id=str(test["test_id"]),
+            hardware_key=str(test["hardware_key"]),
+            fingerprint=str(test.get("fingerprint")),
+            workload_hash=str(test.get("workload_hash")),
+            metric=metric,
+        )
+        info = METRICS.get(metric)
+        config = DetectorConfig(
+            reference_nights=reference_nights,
+            higher_is_better=info.higher_is_better if info is not None else True,
+        )
+        out.append(Detection(metric, detect(nights, config), tuple(nights)))
+    return tuple(out)
+
+
+def trend(
+    records: Iterable[Mapping[str, Any]], *, persist: int = 2, reference_nights: int = 90
+) -> TrendTable:
     """Rows per (test, profile, hardware key) with flags where a change persisted for
-    ``persist`` consecutive judged sessions (see the module docstring)."""
+    ``persist`` consecutive judged sessions (see the module docstring), and the cross-night
+    detector's state over ``reference_nights`` reference nights."""
     if isinstance(persist, bool) or not isinstance(persist, int) or persist < 1:
         raise ValueError(f"persist={persist!r}: it must be a whole number of sessions, 1 or more")
     ordered = sorted(records, key=lambda r: parse_iso(r["time_utc"]))
     grouped: dict[tuple[str, str, str], list[TrendPoint]] = {}
+    latest: dict[tuple[str, str, str], Mapping[str, Any]] = {}
     for record in ordered:
         for test in record.get("tests", []):
             key = (test["test_id"], test["profile"], test["hardware_key"])
             grouped.setdefault(key, []).append(_point(record, test))
+            if test.get("metrics"):
+                latest[key] = test
     rows = []
-    for (test_id, profile, hw), points in grouped.items():
+    for key, points in grouped.items():
+        test_id, profile, hw = key
         flags, watch = _flags(points, persist)
-        rows.append(TrendRow(test_id, profile, hw, tuple(points), flags, persist, watch))
+        found = _detections(ordered, latest[key], reference_nights) if key in latest else ()
+        rows.append(TrendRow(test_id, profile, hw, tuple(points), flags, persist, watch, found))
     rows.sort(key=lambda r: r.hardware_key)  # stable: tests keep the order they first ran in
     return TrendTable(
         rows=tuple(rows),
@@ -353,11 +439,13 @@ def format_table(table: TrendTable, *, recent: int = 14) -> list[str]:
             _mean_ci(latest, "tok_s", 1),
             _vs_baseline(latest),
             _mean_ci(latest, "accept_length", 2),
+            "; ".join(d.cell() for d in row.detections) or "-",
             row.status,
         ]
         rows.append(cells)
     headers = ["test", "profile", *(["hardware"] if show_hw else [])]
-    headers += ["sessions", "recent", "tok/s latest", "vs baseline", "accept len", "status"]
+    headers += ["sessions", "recent", "tok/s latest", "vs baseline", "accept len"]
+    headers += ["across nights (CUSUM/h)", "status"]
     lines = []
     if table.simulated:
         lines.append(SIMULATED_BANNER)
@@ -372,6 +460,14 @@ def format_table(table: TrendTable, *, recent: int = 14) -> list[str]:
         f"{table.sessions} session(s){errored}; a change is flagged after {table.persist} "
         "consecutive judged sessions"
     )
+    alarms = [(row, d) for row in table.rows for d in row.detections if d.state.direction]
+    if alarms:
+        lines.append("")
+        lines.append("across nights:")
+        lines += [
+            f"  {_short(row.test_id)} [{row.profile}]: {d.metric}: {d.state.describe(d.nights)}"
+            for row, d in alarms
+        ]
     flags = [(row, flag) for row in table.rows for flag in row.flags]
     if flags:
         lines.append("")

@@ -67,10 +67,11 @@ def plot_trend(
     size: tuple[int, int] = DEFAULT_SIZE,
     persist: int = 2,
     title: str = "pytest-specdecode trend",
+    reference_nights: int = 90,
 ) -> Path:
     """Draw the trend of ``records`` (history lines) to the PNG ``path``, ``size`` pixels
     (width, height), atomically; returns ``path``."""
-    figure = _figure(records, size, persist, title, f" into {path}")
+    figure = _figure(records, size, persist, title, f" into {path}", reference_nights)
     _save(figure, Path(path))
     return Path(path)
 
@@ -81,10 +82,11 @@ def trend_figure(
     size: tuple[int, int] = DEFAULT_SIZE,
     persist: int = 2,
     title: str = "pytest-specdecode trend",
+    reference_nights: int = 90,
 ) -> Figure:
     """The picture :func:`plot_trend` draws, as a matplotlib ``Figure`` on an Agg canvas,
     not saved."""
-    return _figure(records, size, persist, title, "")
+    return _figure(records, size, persist, title, "", reference_nights)
 
 
 def _figure(
@@ -93,9 +95,10 @@ def _figure(
     persist: int,
     title: str,
     target: str,
+    reference_nights: int = 90,
 ) -> Figure:
     width, height = _check_size(size)
-    table = trend(records, persist=persist)
+    table = trend(records, persist=persist, reference_nights=reference_nights)
     if not table.rows:
         raise ValueError(f"nothing to plot{target}: the selected history has no tests")
     try:
@@ -277,6 +280,22 @@ def _draw_series(
         if flag.kind == "regression" and flag.check == metric:
             start, end = to_num([flag.start, flag.end])
             ax.axvspan(start, end, color="red", alpha=0.08)
+    for found in row.detections:
+        began = found.start
+        if found.metric != metric or found.state.direction is None or began is None:
+            continue
+        # the night the cross-night detector dates the change to, with its size
+        (at,) = to_num([began])
+        ax.axvline(at, color="red" if found.state.alarm else "green", ls="-.", lw=1.2)
+        ax.annotate(
+            f"{found.state.shift or 0:+.1%} from here",
+            xy=(at, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -12),
+            textcoords="offset points",
+            color="red" if found.state.alarm else "green",
+            fontsize=8,
+        )
     return 1
 
 

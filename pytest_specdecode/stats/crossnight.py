@@ -42,11 +42,11 @@ with :mod:`pytest_specdecode.stats.calibration_cache`, as the sequential plan's 
 default budget is 3.5 % per check per 30 nights, leaving about 1.5 % to the nightly gate's guard
 once history exists (:func:`pytest_specdecode.stats.two_level.guard_alpha`): 5 % in all.
 
-**When it fires:** the estimated start is the night after the CUSUM last left zero (Page's
-estimator); the E-divisive split of the series since the acknowledged change
-(:mod:`pytest_specdecode.stats.changepoint`) is given beside it; the shift is the mean of the nights
-from the start on against the reference, with a t interval (it is biased away from zero, as any
-estimate taken at an alarm is).
+**When it fires:** the estimated start is the E-divisive split of the series since the
+acknowledged change (:mod:`pytest_specdecode.stats.changepoint`) nearest to Page's estimator (the
+night after the CUSUM last left zero), when one lies between the reference and the alarm; else
+Page's estimate. The shift is the mean of the nights from the start on against the reference,
+with a t interval (it is biased away from zero, as any estimate taken at an alarm is).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class CrossNightState:
     alarm: bool  # a regression alarm (the improvement side is only reported)
     direction: str | None  # "regression" / "improvement" / None
     alarm_index: int | None  # the night the statistic first crossed h
-    start_index: int | None  # estimated first changed night (Page's estimator)
+    start_index: int | None  # estimated first changed night (the E-divisive split, else Page)
     shift: float | None  # estimated relative change from start_index on (ratio - 1)
     shift_low: float | None  # 95 % interval of the shift
     shift_high: float | None
@@ -364,19 +364,24 @@ def detect(nights: Sequence[Night], config: DetectorConfig | None = None) -> Cro
     first = int(crossed_down[0] if regression else crossed_up[0])
     # Page's estimator: the change began right after the statistic last stood at zero.
     zeros = np.flatnonzero(path[:first] == 0.0)
-    start = int(zeros[-1]) + 1 if zeros.size else 0
-    changed = values[r + start :]
+    page = r + (int(zeros[-1]) + 1 if zeros.size else 0)
+    chosen = _nearest(e_divisive(values), page) if config.attribute else None
+    # The night it started: the E-divisive split nearest to Page's estimate when there is one
+    # after the reference (it weighs the whole series on both sides; Page's estimate is where
+    # the statistic last stood at zero, which a low night before a change pulls early), else
+    # Page's. The shift is measured from there on.
+    began = chosen.index if chosen is not None and r <= chosen.index <= r + first else page
+    changed = values[began:]
     shift = float(changed.mean() - mu)
     se = sigma * math.sqrt(1.0 / changed.size + 1.0 / r)
     half = float(t_isf(0.025, r - 1 + extra_df)) * se
-    chosen = _nearest(e_divisive(values), r + start) if config.attribute else None
     return replace(
         state,
         status="alarm",
         alarm=regression,
         direction="regression" if regression else "improvement",
         alarm_index=indices[r + first],
-        start_index=indices[r + start],
+        start_index=indices[began],
         shift=math.expm1(shift),  # on the higher-is-better scale, as every ratio here
         shift_low=math.expm1(shift - half),
         shift_high=math.expm1(shift + half),

@@ -165,3 +165,30 @@ def test_python_dash_m_runs_the_command_line(regressed: Path) -> None:
         check=True,
     ).stdout
     assert "exit status: 0 ok, 1 a persistent regression is flagged" in help_text
+
+
+def test_the_cross_night_detector_flags_a_persistent_drop_and_dates_it(tmp_path: Path) -> None:
+    """Nights with a 3 % launch-to-launch spread and a 10 % drop of the 2-step profile from
+    night 17: no single night FAILs it reliably, the detector does, dates it and draws it."""
+    import random
+
+    rng = random.Random(3)
+    records = []
+    for day in range(1, 25):
+        drop = 0.9 if day >= 17 else 1.0
+        jitter = {p: drop * (1.0 + rng.gauss(0.0, 0.03)) for p in (TWO_STEP,)}
+        records.append(night(day, jitter))
+    history = write_history(tmp_path / "history.jsonl", records)
+    png = tmp_path / "trend.png"
+    code, out, _ = run("report", history, "--reference-nights", "12", "--png", png)
+    assert code == EXIT_REGRESSION
+    assert "across nights (CUSUM/h)" in out
+    assert "REGRESSION across nights: tok_s -" in out
+    (line,) = [ln for ln in out.splitlines() if "estimated to start at night" in ln]
+    assert TWO_STEP in line
+    # the estimate lands on the first slower night, give or take one
+    assert any(f"2026-11-{day:02d}" in line for day in (16, 17, 18)), line
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # with the default 90-night reference the detector is still warming up: no alarm
+    code, out, _ = run("report", history)
+    assert "warming up (24/90)" in out
