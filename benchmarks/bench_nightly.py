@@ -417,6 +417,104 @@ def first_night(scenarios: Sequence[Scenario], trials: int, seed: int) -> list[l
     return rows
 
 
+# --------------------------------------------------------------------------- end to end
+
+E2E_PROFILES = """
+[defaults]
+launcher = "sim"
+model_path = "/models/tiny-llm"
+startup_timeout = 60
+warmup_requests = 1
+
+[profiles.eagle3]
+extra_args = ["--sim-speed", "20", "--sim-load-seconds", "0.2", "--sim-noise-cv", "0.03",
+              "--sim-launch-cv", "LAUNCH_CV"]
+[profiles.eagle3.speculative]
+algorithm = "EAGLE3"
+draft_model_path = "/models/tiny-eagle3"
+num_steps = 2
+eagle_topk = 1
+num_draft_tokens = 3
+
+[workloads.nightly]
+prompt_set = "mixed"
+max_new_tokens = 96
+concurrency = 1
+requests_per_run = 2
+warmup_requests = 1
+"""
+
+E2E_TEST = """
+import pytest
+
+@pytest.mark.specdecode("eagle3", workload="nightly", tok_s=-0.05)
+def test_eagle3():
+    pass
+"""
+
+
+def end_to_end(nights: int, change_night: int, reference: int, launch_cv: float) -> int:
+    """Nights through pytest and the simulated server, as a user's nightly job runs them: a
+    baseline over 3 launches, then one launch a night (``--sim-launch-cv``), the history
+    appended each night, a 10 % slower server (``SPECDECODE_SIM_SLOWDOWN``, fingerprint
+    unchanged) from ``change_night`` on. Prints each night's verdict and the detector's state;
+    returns 0 when the alarm fired on or after the change and never before it."""
+    import os
+    import subprocess
+    import sys
+
+    work = Path(tempfile.mkdtemp(prefix="bench-nightly-e2e-"))
+    (work / "specdecode.toml").write_text(E2E_PROFILES.replace("LAUNCH_CV", str(launch_cv)))
+    (work / "test_nightly.py").write_text(E2E_TEST)
+    (work / "pytest.ini").write_text(
+        "[pytest]\nspecdecode_config = specdecode.toml\nspecdecode_baselines = baselines\n"
+    )
+    history = work / "history.jsonl"
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    env = {**os.environ, "PYTEST_SPECDECODE_STATE_DIR": str(work / "state")}
+    started = time.monotonic()
+    subprocess.run(
+        [*base, "--update-baselines", "--specdecode-baseline-launches", "3",
+         "--specdecode-baseline-runs", "10", "--specdecode-force-baseline"],
+        cwd=work, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    print(
+        f"end to end in {work}: simulated server, launch CV {launch_cv:.0%}, run CV 3%, "
+        f"baseline 3 launches x 10 runs, one launch of 10 runs a night, reference {reference} "
+        f"nights, 10 % slower from night {change_night} (all figures simulated)\n"
+    )
+    rows, first_alarm = [], None
+    for night in range(1, nights + 1):
+        slow = night >= change_night
+        night_env = {**env, **({"SPECDECODE_SIM_SLOWDOWN": "1.111"} if slow else {})}
+        done = subprocess.run(
+            [*base, "--specdecode-runs", "10", "--specdecode-max-runs", "10",
+             f"--specdecode-history={history}", f"--specdecode-reference-nights={reference}"],
+            cwd=work, env=night_env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        line = json.loads(history.read_text().splitlines()[-1])
+        (test,) = line["tests"]
+        state = test["crossnight"]["tok_s"]
+        if state["alarm"] and first_alarm is None:
+            first_alarm = night
+        rows.append([
+            night, "-10%" if slow else "", f"{test['metrics']['tok_s']['mean']:.0f}",
+            test["outcome"].upper(), done.returncode, state["status"],
+            f"{state['statistic']:.2f}" if state["threshold"] is not None else "-",
+            f"{state['threshold']:.2f}" if state["threshold"] is not None else "-",
+            f"{state['shift']:+.1%}" if state["shift"] is not None else "",
+        ])  # fmt: skip
+    headers = ["night", "change", "tok/s (sim)", "verdict", "exit", "detector", "CUSUM", "h"]
+    print(tabulate(rows, headers=[*headers, "shift"], tablefmt="github"))
+    held = first_alarm is not None and first_alarm >= change_night
+    print(
+        f"\nfirst alarm: night {first_alarm} ({time.monotonic() - started:.0f} s)"
+        if first_alarm
+        else f"\nno alarm within {nights} nights ({time.monotonic() - started:.0f} s)"
+    )
+    return 0 if held else 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=200)
@@ -429,10 +527,24 @@ def main() -> None:
     parser.add_argument("--no-first-night", action="store_true")
     parser.add_argument("--scenario", action="append", default=[],
                         help="NAME=LAUNCH_CV,RUN_CV: another box's noise")  # fmt: skip
+    parser.add_argument(
+        "--e2e",
+        type=int,
+        metavar="NIGHTS",
+        help="instead: run NIGHTS nights through pytest and the simulated "
+        "server (a 10%% drop from --e2e-change-night, --e2e-reference nights)",
+    )
+    parser.add_argument("--e2e-change-night", type=int, default=9)
+    parser.add_argument("--e2e-reference", type=int, default=6)
+    parser.add_argument("--e2e-launch-cv", type=float, default=0.03)
     parser.add_argument("--measured", type=Path,
                         help="JSON list of measured launch means of one build: their log "
                         "deviations are resampled as launch effects")  # fmt: skip
     args = parser.parse_args()
+    if args.e2e:
+        raise SystemExit(
+            end_to_end(args.e2e, args.e2e_change_night, args.e2e_reference, args.e2e_launch_cv)
+        )
     scenarios = list(SCENARIOS)
     for text in args.scenario:
         name, _, numbers = text.partition("=")
