@@ -118,6 +118,7 @@ def _test_record(result: SpecdecodeResult) -> dict[str, Any]:
         "workload_hash": result.workload_hash,
         "fingerprint": result.fingerprint.digest,
         "server_version": result.server_version,
+        "build": result.provenance.get("build"),
         "runs": result.runs,
         "metrics": metrics,
         "checks": [_check_record(c) for c in result.checks],

@@ -323,12 +323,20 @@ class SpecdecodeSession:
     def _provenance(self, handle: ServerHandle, info: Mapping[str, Any]) -> dict[str, Any]:
         """Where a result was measured: the launch environment (not an attached server's, which
         is not ours to know), the server's info, the GPUs and this repository's state."""
-        return collect_provenance(
+        record = collect_provenance(
             env=handle.profile.launch_env(self.env) if handle.origin != "attached" else {},
             server_info=info,
             gpu=self.gpus,
             repo_dir=self.rootdir,
         )
+        if handle.origin != "attached":
+            # What ran: SGLang's version and installed files in the server's interpreter, the
+            # image id, the binary (environment variables by name only: values may be secret).
+            # The history carries it, so that a change across nights names what changed.
+            parts = dict(self.pool.build_for(handle.profile).parts)
+            parts["env"] = sorted(parts.get("env") or {})
+            record["build"] = parts
+        return record
 
     def note_collected(self, test_id: str, profile: str, workload: Workload) -> None:
         """A collected test (before -m/-k deselect), so an ``against=`` without a baseline can

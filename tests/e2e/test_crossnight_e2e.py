@@ -56,6 +56,9 @@ def _write_nights(path: Path, template: dict[str, Any], *, drop: bool) -> list[d
         factor = 0.9 if drop and night >= CHANGE_NIGHT else 1.0
         (entry,) = record["tests"]
         entry["metrics"]["tok_s"]["mean"] = level * factor * math.exp(rng.gauss(0.0, 0.03))
+        # a quiet box's nights: the real night's run CV may be a loaded box's, and the detector
+        # takes a night's run noise as the floor of its night-to-night SD
+        entry["metrics"]["tok_s"]["cv"] = 0.03
         entry["crossnight"] = {}
         if drop and night >= CHANGE_NIGHT:
             entry["server_version"] = "0.5.7-simulated"
@@ -66,8 +69,17 @@ def _write_nights(path: Path, template: dict[str, Any], *, drop: bool) -> list[d
 
 def _one_real_night(project: Project, history: Path) -> dict[str, Any]:
     project.tests(TESTS)
-    project.run("--update-baselines", "--specdecode-baseline-runs", "5").assert_outcomes(passed=1)
-    project.run(*RUNS, f"--specdecode-history={history}").assert_outcomes(passed=1)
+    # scaffolding for the nights under test: a loaded box must neither refuse the baseline
+    # (noise guard) nor turn this night INCONCLUSIVE
+    record = (
+        "--update-baselines",
+        "--specdecode-baseline-runs",
+        "5",
+        "--specdecode-force-baseline",
+    )
+    project.run(*record).assert_outcomes(passed=1)
+    night = (*RUNS, f"--specdecode-history={history}", "--specdecode-on-inconclusive=warn")
+    project.run(*night).assert_outcomes(passed=1)
     (line,) = _history_lines(history)
     return line
 
@@ -119,7 +131,12 @@ def test_the_same_nights_without_a_drop_stay_green_and_say_what_a_night_can_see(
     template = _one_real_night(project, history)
     _write_nights(history, template, drop=False)
 
-    result = project.run(*RUNS, *REFERENCE, f"--specdecode-history={history}", "-rA")
+    # warn, not xfail: a run stalled by a loaded box may leave tonight's own verdict
+    # INCONCLUSIVE; what this test is about is the detector's state and the printed sensitivity
+    result = project.run(
+        *RUNS, *REFERENCE, f"--specdecode-history={history}", "-rA",
+        "--specdecode-on-inconclusive=warn",
+    )  # fmt: skip
     result.assert_outcomes(passed=1)
     out = result.stdout.str()
     assert "cross-night alarm" not in out
@@ -137,7 +154,9 @@ def test_without_enough_nights_the_detector_says_it_is_warming_up(project: Proje
     template = _one_real_night(project, history)
     _write_nights(history, template, drop=True)
 
-    result = project.run(*RUNS, f"--specdecode-history={history}")  # the default 90 nights
+    result = project.run(  # the default 90 nights
+        *RUNS, f"--specdecode-history={history}", "--specdecode-on-inconclusive=warn"
+    )
     result.assert_outcomes(passed=1)
     state = _history_lines(history)[-1]["tests"][0]["crossnight"]["tok_s"]
     assert state["status"] == "warming up"
