@@ -18,6 +18,12 @@ Environment knobs:
                                baseline launches and runs per launch of the spread phases
   GPU_SMOKE_SPREAD_BASELINES   an earlier call's baselines-spread.tar.gz (a fresh machine)
   GPU_SMOKE_SPREAD_K           a -k expression for the spread-check phase
+  GPU_SMOKE_RIG=llama8b        the models: llama8b (8B-shaped, GPU-bound) or tiny
+  GPU_SMOKE_NOISE_LAUNCHES=8, GPU_SMOKE_NOISE_BATCH=6, GPU_SMOKE_NOISE_RUNS=10
+                               the noise phase: launches per main profile, servers started
+                               together, runs of block A per server (noise.py)
+  GPU_SMOKE_DEADLINE           seconds since the epoch: the noise phase starts no batch that
+                               would end after it (a 10-minute call)
 """
 
 from __future__ import annotations
@@ -47,18 +53,31 @@ RESULTS = STATE / "results"
 LOGS = STATE / "logs"
 PROFILES = ("smoke-nospec", "smoke-eagle3-match", "smoke-eagle3-miss")
 EXPECTED_ACCEPT = {"smoke-eagle3-match": 3.0, "smoke-eagle3-miss": 1.0}
+CONTRACT_NOISE = HERE.parents[1] / "tests" / "contract" / "data" / "h200_noise.json"
 SERVER_ENV = {  # every launch: the plugin's env set carries the last three; SGLang sets the first
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
     "HF_HUB_OFFLINE": "1",
 }
+DRY_RUN = os.environ.get("GPU_SMOKE_DRY_RUN") == "1"
+# The rig: "llama8b" (Llama-3.1-8B's shape and size, built on the GPU, GPU-bound with CUDA
+# graphs on) or "tiny" (the 4-layer model of 2026-12-01/02, host-bound; the dry run's folders).
+RIG_NAME = os.environ.get("GPU_SMOKE_RIG") or ("tiny" if DRY_RUN else "llama8b")
+RIG = {
+    "tiny": {"target": "tiny-llama", "prefix": "tiny"},
+    "llama8b": {"target": "llama8b", "prefix": "llama8b"},
+}[RIG_NAME]
+# CUDA graphs on for the target and the draft (decode batch sizes up to 4: the workloads send
+# one request at a time); triton attention (no FlashAttention-3 library on the image), no
+# grammar backend (no xgrammar).
 SGLANG_FLAGS = [
     "--attention-backend",
     "triton",
     "--grammar-backend",
     "none",
-    "--disable-cuda-graph",
+    "--cuda-graph-max-bs",
+    "4",
 ]
 LAUNCH_PROFILE = """
 # The launch phase: several of these start at once on the one GPU, each pytest session with its
@@ -66,15 +85,15 @@ LAUNCH_PROFILE = """
 # together (SGLang sizes it from the memory free at its start).
 [profiles.smoke-launch]
 description = "tiny Llama + agreeing EAGLE3 head, small KV cache, for concurrent launches"
-model_path = "@MODELS@/tiny-llama"
-mem_fraction_static = 0.5
+model_path = "@TARGET@"
+mem_fraction_static = 0.9
 extra_args = [
-    "--attention-backend", "triton", "--grammar-backend", "none", "--disable-cuda-graph",
-    "--max-total-tokens", "32768", "--max-running-requests", "8",
+    "--attention-backend", "triton", "--grammar-backend", "none", "--cuda-graph-max-bs", "4",
+    "--max-total-tokens", "16384", "--max-running-requests", "8", "--chunked-prefill-size", "4096",
 ]
 [profiles.smoke-launch.speculative]
 algorithm = "EAGLE3"
-draft_model_path = "@MODELS@/tiny-eagle3-match"
+draft_model_path = "@DRAFTS@-match"
 num_steps = 2
 eagle_topk = 1
 num_draft_tokens = 3
@@ -98,11 +117,11 @@ HF_HUB_OFFLINE = "1"
 
 [profiles.spread-plain]
 description = "tiny Llama, no speculation, no NCCL tuning"
-model_path = "@MODELS@/tiny-llama"
+model_path = "@TARGET@"
 
 [profiles.spread-nccl]
 description = "tiny Llama, no speculation, the seed's six NCCL variables"
-model_path = "@MODELS@/tiny-llama"
+model_path = "@TARGET@"
 env = "seed_nccl"
 
 [env.seed_nccl_debug]
@@ -121,7 +140,7 @@ NCCL_DEBUG_SUBSYS = "INIT,ENV,TUNING"
 
 [profiles.spread-nccl-debug]
 description = "the NCCL-tuned profile with NCCL_DEBUG=INFO: NCCL's own account of its settings"
-model_path = "@MODELS@/tiny-llama"
+model_path = "@TARGET@"
 env = "seed_nccl_debug"
 """
 SHELL_NCCL = {  # exported by the shell around the spread phases, with values no profile uses
@@ -161,14 +180,39 @@ def write_suite() -> None:
         text = text.replace(f"@PORT_{key}@", f"port = {30001 + i}" if fixed else "")
     text = text.replace("@MEM@", os.environ.get("GPU_SMOKE_MEM_FRACTION", "0.5"))
     text += LAUNCH_PROFILE + SPREAD_PROFILES
-    text = text.replace("@MODELS@", str(MODELS))
+    text = text.replace("@TARGET@", str(MODELS / RIG["target"]))
+    text = text.replace("@DRAFTS@", str(MODELS / f"{RIG['prefix']}-eagle3"))
     (SUITE / "specdecode.toml").write_text(text)
     for name in ("test_gpu_smoke.py", "test_launch.py", "test_spread.py"):
         shutil.copy(HERE / "suite" / name, SUITE / name)
     # the suite's own ini: none of the repository's settings (filterwarnings = error, testpaths)
+    cv, source = baseline_cv_limit()
     (SUITE / "pytest.ini").write_text(
         "[pytest]\naddopts = -ra -p no:cacheprovider\nspecdecode_config = specdecode.toml\n"
+        f"# the noise guard, from the measured noise: {source}\n"
+        f"specdecode_max_baseline_cv = {cv:.4f}\n"
     )
+
+
+def baseline_cv_limit() -> tuple[float, str]:
+    """The suite's noise guard (max tok/s CV of a baseline's runs), from the rig's measured run
+    noise: 3x the largest run CV seen in one launch of any profile, at least 2%. Measured on
+    this machine (the noise phase's results) if there are any, else the H200 figures kept in
+    tests/contract/data/h200_noise.json, else the plugin's default 8%."""
+    worst = None
+    source = ""
+    if any(RESULTS.glob("noise-b*.json")):
+        summary = noise_summary(load_results([RESULTS]))
+        cvs = [e["run_cv_max"] for e in summary.values() if e.get("run_cv_max") is not None]
+        if cvs:
+            worst, source = max(cvs), f"largest run CV {max(cvs):.2%} measured here"
+    if worst is None and CONTRACT_NOISE.exists() and RIG_NAME == "llama8b":
+        data = json.loads(CONTRACT_NOISE.read_text())
+        worst = data.get("largest_run_cv")
+        source = f"largest run CV {worst:.2%} in {CONTRACT_NOISE.name}" if worst else ""
+    if worst is None:
+        return 0.08, "no measurement: the plugin's default"
+    return max(0.02, 3 * worst), f"3 x {source}, at least 2%"
 
 
 def plugin_args() -> list[str]:
@@ -328,7 +372,7 @@ def phase_attach() -> int:
         "-m",
         "sglang.launch_server",
         "--model-path",
-        str(MODELS / "tiny-llama"),
+        str(MODELS / RIG["target"]),
         "--tp-size",
         "1",
         "--mem-fraction-static",
@@ -336,7 +380,7 @@ def phase_attach() -> int:
         "--speculative-algorithm",
         "EAGLE3",
         "--speculative-draft-model-path",
-        str(MODELS / "tiny-eagle3-match"),
+        str(MODELS / f"{RIG['prefix']}-eagle3-match"),
         "--speculative-num-steps",
         "2",
         "--speculative-eagle-topk",
@@ -452,6 +496,143 @@ def phase_launches() -> int:
         },
     )
     return 1 if failures else 0
+
+
+# -- noise: run and launch noise of the GPU-bound rig --------------------------------------------
+
+
+def noise_mod():
+    sys.path.insert(0, str(HERE))
+    import noise  # scripts/gpu_smoke/noise.py
+
+    return noise
+
+
+def noise_summary(res: dict) -> dict:
+    nz = noise_mod()
+    info = res.get("models_info") or {}
+    return nz.summarise(res.get("noise_batches", []), info, env_int("GPU_SMOKE_NOISE_RUNS", 10))
+
+
+def machine_facts() -> dict:
+    """GPU, driver, versions: what the noise figures were measured with."""
+    facts: dict = {}
+    with contextlib.suppress(Exception):
+        facts["nvidia_smi"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
+             "--format=csv,noheader"], capture_output=True, text=True, timeout=30,
+        ).stdout.strip()  # fmt: skip
+    for dist in ("sglang", "sglang-kernel", "flashinfer-python", "torch", "triton",
+                 "transformers", "pytest-specdecode"):  # fmt: skip
+        with contextlib.suppress(Exception):
+            facts[dist] = metadata.version(dist)
+    facts["python"] = sys.version.split()[0]
+    with contextlib.suppress(Exception):
+        facts["cpus"] = os.cpu_count()
+    return facts
+
+
+def contract_noise(res: dict) -> dict | None:
+    """tests/contract/data/h200_noise.json: the noise figures as contract data."""
+    summary = res.get("noise")
+    if not summary:
+        return None
+    nz = noise_mod()
+    probe = res.get("noise_probe") or {}
+    main = {p: summary[p] for p in nz.MAIN if p in summary}
+    run_cvs = [c for e in main.values() for c in e["run_cv_per_launch"]]
+    return {
+        "what": "run-to-run and launch-to-launch noise of a GPU-bound SGLang server "
+        "(scripts/gpu-smoke noise phase), measured on one H200, TP 1",
+        "machine": probe.get("machine"),
+        "copy_bandwidth_gb_s": probe.get("gb_s"),
+        "rig": {
+            k: (res.get("models_info") or {}).get(k)
+            for k in (
+                "shape",
+                "target_params",
+                "target_bytes_per_step",
+                "draft_params",
+                "built_s",
+                "written_s",
+            )
+        },
+        "server_flags": nz.NOISE_FLAGS,
+        "protocol": {
+            "workload": "2 prompts of the mixed set, one at a time, 127 new tokens, greedy, "
+            "ignore_eos, streamed /generate",
+            "runs_per_launch": env_int("GPU_SMOKE_NOISE_RUNS", 10),
+            "run_cv_from": "runs 3.. of block A (flush before each run; runs 1-2 stand for "
+            "the warm-up)",
+            "launches": "started together in batches, measured one at a time (the others idle)",
+        },
+        "largest_run_cv": max(run_cvs) if run_cvs else None,
+        "profiles": summary,
+        "batches": [b["batch"] for b in res.get("noise_batches", [])],
+    }
+
+
+def phase_noise() -> int:
+    """Batches of servers started together, measured one at a time (noise.py), until every
+    main profile has GPU_SMOKE_NOISE_LAUNCHES launches here or the call's time is nearly up
+    (GPU_SMOKE_DEADLINE: seconds since the epoch by which the phase must be done)."""
+    nz = noise_mod()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    probe_path = RESULTS / "noise-probe.json"
+    if not probe_path.exists():
+        probe = nz.bandwidth_probe()
+        probe["machine"] = machine_facts()
+        probe_path.write_text(json.dumps(probe, indent=2) + "\n")
+        log(f"[noise] device-to-device copy: {probe}")
+    want = env_int("GPU_SMOKE_NOISE_LAUNCHES", 8)
+    per_batch = env_int("GPU_SMOKE_NOISE_BATCH", 6)
+    runs = env_int("GPU_SMOKE_NOISE_RUNS", 10)
+    deadline = float(os.environ.get("GPU_SMOKE_DEADLINE", "inf"))
+    python = sys.executable
+    env = dict(os.environ, **SERVER_ENV, CUDA_VISIBLE_DEVICES="0")
+    rc = 0
+    last = float(os.environ.get("GPU_SMOKE_NOISE_BATCH_S", 200))
+    while True:
+        done = dict.fromkeys((*nz.MAIN, *nz.HEADS), 0)
+        failed_n = dict.fromkeys(done, 0)
+        for path in RESULTS.glob("noise-b*.json"):
+            for srv in json.loads(path.read_text())["servers"]:
+                if srv.get("runs") and not srv.get("error"):
+                    done[srv["profile"]] += 1
+                else:
+                    failed_n[srv["profile"]] += 1
+        for p, n in failed_n.items():  # a profile that failed twice is not tried again
+            if n >= 2 and done[p] == 0:
+                done[p] = want
+                log(f"[noise] {p} failed {n} times: not launched again")
+        if min(done[p] for p in nz.MAIN) >= want and min(done[p] for p in nz.HEADS) >= 1:
+            break
+        if min(done[p] for p in nz.MAIN) >= min(2, want) and min(done[p] for p in nz.HEADS) < 1:
+            batch = list(nz.HEADS)  # the heads' exact accept lengths, once
+        else:
+            need = sorted(nz.MAIN, key=lambda p: done[p])
+            batch = [need[i % len(need)] for i in range(per_batch)]
+        left = deadline - time.time()
+        if left < last * 1.1:
+            log(f"[noise] {left:.0f}s left, a batch took {last:.0f}s: stopping; launches {done}")
+            break
+        batch_id = time.strftime("%Y%m%d-%H%M%S")
+        result = nz.run_batch(
+            batch, python=python, models=MODELS, rig=RIG, logs=LOGS, env=env, runs=runs,
+            batch_id=batch_id,
+        )  # fmt: skip
+        last = max(result["wall_s"], 60.0) if len(batch) == per_batch else last
+        (RESULTS / f"noise-b{batch_id}.json").write_text(json.dumps(result, indent=2) + "\n")
+        failed = [s for s in result["servers"] if s.get("error")]
+        if failed:
+            rc = 1
+            for s in failed:
+                log(f"[noise] {s['profile']}: {s['error']}; {s['errors'][:3]}")
+        pack_logs()
+        phase_table([])  # what is there so far reaches $OUT even if the call is cut short
+        if len(failed) == len(result["servers"]):
+            break
+    return rc
 
 
 # -- spread: launches against runs, and where NCCL settings go --------------------------------
@@ -687,8 +868,22 @@ def sglang_summary(values: list[float]) -> str:
 
 
 def load_results(dirs: list[Path]) -> dict[str, dict]:
-    res: dict[str, dict] = {}
+    res: dict = {"noise_batches": []}
+    seen: set[str] = set()
+
+    def add_batches(batches: list[dict]) -> None:
+        for b in batches:
+            if b["batch"] not in seen:
+                seen.add(b["batch"])
+                res["noise_batches"].append(b)
+
     for d in dirs:
+        add_batches([json.loads(p.read_text()) for p in sorted(d.glob("noise-b*.json"))])
+        for name in ("noise-probe", f"models-{RIG['prefix']}"):
+            p = d / f"{name}.json"
+            if p.exists():
+                res.setdefault("noise_probe" if name == "noise-probe" else "models_info",
+                               json.loads(p.read_text()))  # fmt: skip
         for name in (
             *("record", "check", "attach", "launches"),
             *("spread-record", "spread-check", "spread-swap"),
@@ -699,7 +894,15 @@ def load_results(dirs: list[Path]) -> dict[str, dict]:
         p = d / "gpu-smoke-results.json"
         if p.exists():
             for k, v in json.loads(p.read_text()).items():
-                res.setdefault(k, v)
+                if k == "noise_batches":
+                    add_batches(v)
+                else:
+                    res.setdefault(k, v)
+    if "models_info" not in res and (MODELS / f"models-{RIG['prefix']}.json").exists():
+        res["models_info"] = json.loads((MODELS / f"models-{RIG['prefix']}.json").read_text())
+    res["noise_batches"].sort(key=lambda b: b["batch"])
+    if res["noise_batches"]:
+        res["noise"] = noise_summary(res)
     return res
 
 
@@ -756,6 +959,8 @@ def table(res: dict[str, dict]) -> str:
             + (f" ({at['error']})" if at.get("error") else "")
         )
     out += spread_table(res)
+    if res.get("noise"):
+        out += noise_mod().table(res["noise"], res.get("noise_probe"))
     return "\n".join(out) + "\n"
 
 
@@ -766,6 +971,9 @@ def phase_table(dirs: list[Path]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "gpu-smoke-table.md").write_text(text)
     (OUT / "gpu-smoke-results.json").write_text(json.dumps(res, indent=2) + "\n")
+    contract = contract_noise(res)
+    if contract:
+        (OUT / "h200_noise.json").write_text(json.dumps(contract, indent=2) + "\n")
     return 0
 
 
@@ -773,7 +981,8 @@ def pack_logs() -> None:
     """Logs of every phase and every server, one tarball in $OUT."""
     OUT.mkdir(parents=True, exist_ok=True)
     with tarfile.open(OUT / "gpu-smoke-logs.tar.gz", "w:gz") as tar:
-        for path in [LOGS, RESULTS, SUITE, MODELS / "models.json"]:
+        shapes = sorted(MODELS.glob("models-*.json"))
+        for path in [LOGS, RESULTS, SUITE, MODELS / "models.json", *shapes]:
             if path.exists():
                 tar.add(path, arcname=path.relative_to(STATE).as_posix())
         for path in sorted(STATE.glob("pt-*/**/*.log")) + sorted(
@@ -785,7 +994,7 @@ def pack_logs() -> None:
 
 
 def main(argv: list[str]) -> int:
-    phases = argv or ["record", "check", "attach", "launches", "table"]
+    phases = argv or ["record", "check", "attach", "noise", "table"]
     if phases[0] == "table":  # scripts/gpu-smoke table [RESULT DIRS...]: no GPU needed
         return phase_table([Path(p) for p in phases[1:]])
     write_suite()
@@ -802,13 +1011,15 @@ def main(argv: list[str]) -> int:
             code = phase_attach()
         elif phase == "launches":
             code = phase_launches()
+        elif phase == "noise":
+            code = phase_noise()
         elif phase in ("spread-record", "spread-check", "spread-swap"):
             code = phase_spread(phase)
         elif phase == "table":
             code = phase_table([])
         else:
             log(
-                f"unknown phase {phase!r}: choose record, check, attach, launches, "
+                f"unknown phase {phase!r}: choose record, check, attach, launches, noise, "
                 "spread-record, spread-check, spread-swap, table"
             )
             return 2
