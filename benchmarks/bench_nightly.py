@@ -47,6 +47,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -459,10 +462,6 @@ def end_to_end(nights: int, change_night: int, reference: int, launch_cv: float)
     appended each night, a 10 % slower server (``SPECDECODE_SIM_SLOWDOWN``, fingerprint
     unchanged) from ``change_night`` on. Prints each night's verdict and the detector's state;
     returns 0 when the alarm fired on or after the change and never before it."""
-    import os
-    import subprocess
-    import sys
-
     work = Path(tempfile.mkdtemp(prefix="bench-nightly-e2e-"))
     (work / "specdecode.toml").write_text(E2E_PROFILES.replace("LAUNCH_CV", str(launch_cv)))
     (work / "test_nightly.py").write_text(E2E_TEST)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -170,8 +171,6 @@ def test_python_dash_m_runs_the_command_line(regressed: Path) -> None:
 def test_the_cross_night_detector_flags_a_persistent_drop_and_dates_it(tmp_path: Path) -> None:
     """Nights with a 3 % launch-to-launch spread and a 10 % drop of the 2-step profile from
     night 17: no single night FAILs it reliably, the detector does, dates it and draws it."""
-    import random
-
     rng = random.Random(3)
     records = []
     for day in range(1, 25):
