@@ -127,8 +127,10 @@ def make_session_info(
     run_id: str | None = None,
     hardware_keys: Sequence[str] | None = None,
     warnings: Sequence[str] = (),
+    failed_after_tests: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """The ``session_info`` mapping :func:`build_report` and ``history_record`` expect."""
+    """The ``session_info`` mapping :func:`build_report` and ``history_record`` expect;
+    ``failed_after_tests``: (test id, reason) of each failure found after its test finished."""
     info: dict[str, Any] = {
         "started_utc": iso_utc(started, key="started"),
         "finished_utc": iso_utc(finished, key="finished"),
@@ -143,6 +145,10 @@ def make_session_info(
         info["hardware_keys"] = sorted(set(hardware_keys))
     if warnings:
         info["warnings"] = list(warnings)  # the profile file's, for the report header
+    if failed_after_tests:
+        info["failed_after_tests"] = [
+            {"test_id": test_id, "reason": reason} for test_id, reason in failed_after_tests
+        ]
     return info
 
 
