@@ -53,6 +53,11 @@ WORKER_DOWN_KEY = pytest.StashKey[bool]()  # an xdist worker went down with an e
 
 RESULTS_ATTR = "specdecode_results"
 """The attribute of a worker's teardown report that carries its results to the controller."""
+TEST_ID_ATTR = "specdecode_test_id"
+"""The attribute of a specdecode test's reports naming its result's test id (xdist carries it),
+so that a failure found after the test can be reported under the test's own node id."""
+LATE_ATTR = "specdecode_failed_after_test"
+"""Marks the report this plugin makes at the session's end for a failure found after its test."""
 
 
 class SpecdecodeWarning(pytest.PytestWarning):
@@ -132,6 +137,7 @@ def pytest_configure(config: pytest.Config) -> None:
         progress=console.ProgressLine(lambda line: _say(config, line), is_tty=is_tty),
     )
     config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(_LateFailures(config), "specdecode-late-failures")
     start.read_earlier_nights(session)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(session), "specdecode-xdist")
@@ -333,7 +339,10 @@ def pytest_runtest_makereport(
     carries the results finished since the last one to the controller."""
     report = yield
     sd = _session(item.config)
-    if report.failed and PLANNED_KEY in item.stash:
+    planned = item.stash.get(PLANNED_KEY, None)
+    if planned is not None:
+        setattr(report, TEST_ID_ATTR, planned.test_id)  # xdist serialises it with the report
+    if report.failed and planned is not None:
         _note_error(sd, item, report.when, call)
     if sd.is_xdist_worker and report.when == "teardown":
         # Sent as each test finishes, not only at the end: a worker whose end of session fails
@@ -427,6 +436,12 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, None, None]
         workeroutput=getattr(config, "workeroutput", {}),
         stops_workers_servers=config.pluginmanager.hasplugin("dsession"),
     )
+    if not sd.is_xdist_worker:
+        # Before the other plugins' ends: the terminal reporter counts these reports in its
+        # summary and JUnit XML writes them into its file.
+        late = config.pluginmanager.get_plugin("specdecode-late-failures")
+        if isinstance(late, _LateFailures):
+            late.report(finish.late_failures(sd.results))
     try:
         return (yield)
     except Exception as exc:
@@ -475,6 +490,54 @@ def _write_summary(terminalreporter: Any, sd: SpecdecodeSession) -> None:
     terminalreporter.section("specdecode")
     for line in lines:
         terminalreporter.write_line(line)
+
+
+class _LateFailures:
+    """Failures found after their tests had finished (a later baseline launch refused or
+    failed, a baseline not written at the end) as pytest errors of those tests: one report per
+    test, made at the session's end, so the terminal's summary ("1 error"), its ERRORS section,
+    JUnit XML (an ``<error>`` of the test's ``<testcase>``) and any other reader of test reports
+    count it. On the xdist controller too: it sees every worker's reports, and their results
+    arrive before its session ends."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self._config = config
+        self._nodes: dict[str, tuple[str, tuple[str, int | None, str]]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Remember each specdecode test's node id and location, by its result's test id."""
+        test_id = getattr(report, TEST_ID_ATTR, None)
+        if isinstance(test_id, str) and not getattr(report, LATE_ATTR, False):
+            self._nodes[test_id] = (report.nodeid, report.location)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport
+    ) -> tuple[str, str, tuple[str, dict[str, bool]]] | None:
+        """Counted and listed as an ERROR, but no "E" after the progress line's "[100%]"."""
+        if getattr(report, LATE_ATTR, False):
+            return "error", "", ("ERROR", {"red": True})
+        return None
+
+    def report(self, results: list[SpecdecodeResult]) -> None:
+        for result in results:
+            # A test this process never saw (none so far) still gets its report, by test id.
+            nodeid, location = self._nodes.get(
+                result.test_id, (result.test_id, (result.test_id.split("::")[0], None, ""))
+            )
+            report = pytest.TestReport(
+                nodeid=nodeid,
+                location=location,
+                keywords={},
+                outcome="failed",
+                longrepr=(
+                    f"{result.profile}: failed after the test had finished: {result.late_failure}"
+                ),
+                when="teardown",
+                user_properties=[("specdecode_failed_after_test", result.late_failure or "")],
+            )
+            setattr(report, LATE_ATTR, True)
+            self._config.hook.pytest_runtest_logreport(report=report)
 
 
 class _XdistHooks:

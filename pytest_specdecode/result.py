@@ -44,7 +44,7 @@ class TestError:
 
     __test__ = False  # not a test class, whatever pytest's collection makes of the name
 
-    phase: str  # "setup" (e.g. the server did not start), "call" or "teardown"
+    phase: str  # "setup" (e.g. the server did not start), "call", "teardown" or "session end"
     type: str  # e.g. "ServerCrashedError", "AssertionError"
     cause: str
 
@@ -86,6 +86,11 @@ class SpecdecodeResult:
     crossnight: dict[str, Any] = field(default_factory=dict)
     """The cross-night detector's state of each series after tonight, by metric
     (:mod:`pytest_specdecode.session.cross_night`); empty when the test recorded a baseline."""
+    late_failure: str | None = None
+    """Why this test fails the session although pytest had already reported it: a later
+    baseline launch was refused by the noise guard or failed, or its baseline could not be
+    written at the end of the session. The plugin reports it to pytest (an error of the test,
+    in the terminal, JUnit XML and the exit status); None when nothing did."""
 
     @classmethod
     def errored(

@@ -10,8 +10,9 @@ The mapping, documented in docs/reports.md:
   as pytest-benchmark assumes, so ``--benchmark-compare-fail=mean:5%`` means "5% fewer tok/s",
   and pytest-benchmark's ``ops`` column (rounds / total time) is the run-weighted tok/s;
 * ``extra_info`` carries what pytest-benchmark has no column for: the profile, whether it was
-  simulated, the workload and its hash, the per-run tok/s and accept length, their means, and
-  the plugin's verdict.
+  simulated, the workload and its hash, the per-run tok/s and accept length, their means, the
+  plugin's verdict, and ``bench_serving``: the figures under SGLang bench_serving's names and
+  units, as in the JSON report.
 
 Entries are added only when pytest-benchmark is going to write JSON (``--benchmark-json``,
 ``--benchmark-save``, ``--benchmark-autosave``), so a plain run does not print a second table.
@@ -25,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.outputs.json_report import bench_serving_block
 from pytest_specdecode.result import SpecdecodeResult
 
 
@@ -95,6 +97,8 @@ def add_result(benchmark_session: Any, result: SpecdecodeResult) -> bool:
     if accept:
         extra_info["accept_length"] = accept
         extra_info["accept_length_mean"] = sum(accept) / len(accept)
+    # the same figures under SGLang bench_serving's names and units (output_throughput, ...)
+    extra_info["bench_serving"] = bench_serving_block(result)
     fixture = SimpleNamespace(
         name=name,
         fullname=result.test_id,

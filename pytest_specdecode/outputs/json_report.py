@@ -16,7 +16,10 @@ Decisions where the design was silent:
 * Non-finite numbers (NaN, infinity) are written as ``null``: strict JSON has no spelling for
   them, and a report that cannot be written at the end of a nightly run helps nobody.
 * Values stay in base units (seconds, tokens per second); the report's ``metrics`` object carries
-  each metric's display unit and scale for readers that want milliseconds.
+  each metric's display unit and scale for readers that want milliseconds, and each test's
+  ``bench_serving`` object repeats the figures SGLang's ``bench_serving`` also reports under its
+  names and units (``output_throughput``, ``mean_ttft_ms``, ``median_itl_ms``, ...), beside the
+  fields readers of earlier reports depend on.
 """
 
 from __future__ import annotations
@@ -127,8 +130,10 @@ def make_session_info(
     run_id: str | None = None,
     hardware_keys: Sequence[str] | None = None,
     warnings: Sequence[str] = (),
+    failed_after_tests: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """The ``session_info`` mapping :func:`build_report` and ``history_record`` expect."""
+    """The ``session_info`` mapping :func:`build_report` and ``history_record`` expect;
+    ``failed_after_tests``: (test id, reason) of each failure found after its test finished."""
     info: dict[str, Any] = {
         "started_utc": iso_utc(started, key="started"),
         "finished_utc": iso_utc(finished, key="finished"),
@@ -143,6 +148,10 @@ def make_session_info(
         info["hardware_keys"] = sorted(set(hardware_keys))
     if warnings:
         info["warnings"] = list(warnings)  # the profile file's, for the report header
+    if failed_after_tests:
+        info["failed_after_tests"] = [
+            {"test_id": test_id, "reason": reason} for test_id, reason in failed_after_tests
+        ]
     return info
 
 
@@ -202,8 +211,48 @@ def outcome_counts(results: Sequence[SpecdecodeResult]) -> dict[str, int]:
     return {"total": len(results), **counts}
 
 
+BENCH_SERVING_NAMES: Mapping[str, tuple[str, float]] = {
+    "tok_s": ("output_throughput", 1.0),
+    "ttft": ("mean_ttft_ms", 1000.0),
+    "tpot": ("mean_tpot_ms", 1000.0),
+    "itl_p50": ("median_itl_ms", 1000.0),
+    "itl_p99": ("p99_itl_ms", 1000.0),
+    "accept_length": ("accept_length", 1.0),
+}
+"""Our metric -> (SGLang ``bench_serving``'s name, the factor to its unit), for the metrics
+whose definition is bench_serving's for a benchmark of one run (metrics.py): its
+``output_throughput`` is Σ output tokens / duration (tok/s), its ``mean_ttft_ms`` and
+``mean_tpot_ms`` the means over the run's requests, its ``median_itl_ms`` and ``p99_itl_ms``
+percentiles over the run's inter-token gaps, in milliseconds. Its ``accept_length`` is the
+server's cumulative ``avg_spec_accept_length`` (tokens per verify step, bonus included); ours is
+the same quantity over the run's own requests only (warm-up and earlier runs left out).
+``decode_tok_s`` and ``spec_accept_length`` have no bench_serving counterpart."""
+
+
+def bench_serving_block(result: SpecdecodeResult) -> dict[str, Any]:
+    """The test's figures under SGLang ``bench_serving``'s names and units: ``per_run`` (each
+    run's value, as bench_serving would report a benchmark of that run alone) and ``mean``
+    (over the runs), plus ``completed`` (requests per run: every request of a measured run
+    completed, or the run failed) when the workload is known."""
+    per_run: dict[str, list[float]] = {}
+    for metric, (name, scale) in BENCH_SERVING_NAMES.items():
+        values = result.samples.get(metric)
+        if values:
+            per_run[name] = [value * scale for value in values]
+    block: dict[str, Any] = {
+        "per_run": per_run,
+        "mean": {name: sum(values) / len(values) for name, values in per_run.items()},
+    }
+    workload = result.provenance.get("workload")
+    requests = workload.get("requests_per_run") if isinstance(workload, Mapping) else None
+    if isinstance(requests, int) and result.runs:
+        block["completed"] = requests
+    return block
+
+
 def report_entry(result: SpecdecodeResult) -> dict[str, Any]:
-    """One test of the report: ``SpecdecodeResult.to_json()`` plus ``runs`` and ``summary``."""
+    """One test of the report: ``SpecdecodeResult.to_json()`` plus ``runs``, ``summary`` and
+    ``bench_serving`` (the same figures under SGLang bench_serving's names and units)."""
     entry = result.to_json()
     # Only these two carry configuration text; blanket redaction would hide "hardware_key".
     entry["fingerprint"] = redact_json(entry["fingerprint"])
@@ -212,6 +261,7 @@ def report_entry(result: SpecdecodeResult) -> dict[str, Any]:
     entry["summary"] = {
         name: metric_summary(values) for name, values in result.samples.items() if values
     }
+    entry["bench_serving"] = bench_serving_block(result)
     return entry
 
 

@@ -2,9 +2,10 @@
 
 GitHub-flavoured Markdown: a heading, a SIMULATED warning when any figure is simulated, the
 outcome counts, the results table with the same columns and wording as the terminal table
-(:func:`pytest_specdecode.outputs.terminal.results_table`), then the cause of every test that
-errored or crashed, the verdict paragraphs of every test that failed, was inconclusive, had no
-baseline or a mismatched one, and the warnings of any test.
+(:func:`pytest_specdecode.outputs.terminal.results_table`), then the failures found after their
+tests had finished (which fail the session), the cause of every test that errored or crashed,
+the verdict paragraphs of every test that failed, was inconclusive, had no baseline or a
+mismatched one, and the warnings of any test.
 
 Free text (verdict paragraphs, warnings, table cells) is escaped so that ``*``, ``<`` or a
 ``|`` in a parametrised test id render literally. GitHub refuses step summaries over 1 MiB, so
@@ -102,10 +103,36 @@ def markdown_summary(
         return "\n".join([*head, "No specdecode test was measured in this session.", ""])
     if any(r.simulated for r in results):
         head += ["> [!WARNING]", f"> {escape(SIMULATED_BANNER)}.", ""]
-    head += [_counts(results), "", markdown_table(results), ""]
+    head += [_counts(results), ""]
+    late_count = sum(1 for r in results if r.late_failure)
+    if late_count:
+        head += [
+            f"**The session fails**: {late_count} failure(s) found after the test had "
+            "finished (below).",
+            "",
+        ]
+    head += [markdown_table(results), ""]
 
     sections: list[list[str]] = []
-    # First, since a crashed server means the night measured less than it should have.
+    late = [r for r in results if r.late_failure]
+    if late:
+        # First of all: these fail the session although pytest passed their tests.
+        sections.append(
+            [
+                "### Failed after the test had finished",
+                "",
+                "These fail the session (exit status 1), though pytest had passed the test "
+                "before its later baseline launch or baseline write:",
+                "",
+                *(
+                    f"- {code(short_id(r.test_id))} ({escape(r.profile)}): "
+                    f"{escape(' '.join((r.late_failure or '').split()))}"
+                    for r in late
+                ),
+                "",
+            ]
+        )
+    # Then errors, since a crashed server means the night measured less than it should have.
     errored = [r for r in results if r.error is not None]
     if errored:
         sections.append(["### Errored or crashed", ""])

@@ -86,6 +86,8 @@ def _verdict(result: SpecdecodeResult) -> str:
         text += f"; vs {check['reference']} {check['ratio'] - 1:+.1%} {check['verdict'].upper()}"
     if error is not None:
         text += f"; then {error.type} in {error.phase}"
+    if result.late_failure and result.outcome is not Outcome.ERROR:
+        text += "; fails the session (after the test)"
     return text
 
 
@@ -135,4 +137,19 @@ def details(results: Sequence[SpecdecodeResult]) -> list[str]:
             if late_error is not None:
                 lines.append(f"  then errored: {late_error.describe()}")
             lines.extend(f"  warning: {w}" for w in result.warnings)
+    return lines
+
+
+def failed_after_tests(results: Sequence[SpecdecodeResult]) -> list[str]:
+    """The failures found after their tests had finished (a later baseline launch refused or
+    failed, a baseline not written), which fail the session although pytest had passed the
+    tests: a heading and one line per test, or nothing."""
+    late = [result for result in results if result.late_failure]
+    if not late:
+        return []
+    lines = [
+        f"failed after the test had finished ({len(late)}): the session fails, though pytest "
+        "had passed the test"
+    ]
+    lines.extend(f"  {result.test_id} [{result.profile}]: {result.late_failure}" for result in late)
     return lines

@@ -7,6 +7,10 @@ the baselines want, measuring every recorded test of the profile again in each l
 what was recorded may become a baseline at all (not too noisy) is :func:`recording_outcome`;
 writing it is the session's, with :func:`whole_launches` saying whether its samples keep their
 launch structure.
+
+These launches run after pytest has reported the tests they measure (in the teardown of the
+profile's last test, or at the session's end), so a refusal or a failed launch is recorded on
+the result as its ``late_failure``: the plugin turns it into a failure of the session.
 """
 
 from __future__ import annotations
@@ -149,6 +153,9 @@ class BaselineLaunches:
         for p in pending:
             outcome, text = recording_outcome(self.settings, p.result.samples, p.result.launch_runs)
             p.result.outcome, p.result.message = outcome, text
+            if outcome is Outcome.FAIL:
+                # pytest passed the test after its first launch; the session must fail now
+                p.result.late_failure = text
 
     def _launch_failed(
         self, pending: list[PendingLaunches], launch: int, wanted: int, exc: Exception
@@ -165,4 +172,14 @@ class BaselineLaunches:
             )
             outcome, text = recording_outcome(self.settings, p.result.samples, p.result.launch_runs)
             p.result.outcome, p.result.message = outcome, text
+            # What was measured is still written (a launch of a GPU box is minutes of load),
+            # but the baseline is not the one asked for, so the session fails.
+            kept_text = (
+                text
+                if outcome is Outcome.FAIL
+                else f"the baseline is recorded over {done} of {wanted} launches"
+            )
+            p.result.late_failure = (
+                f"baseline launch {launch} of {wanted} failed: {first}; {kept_text}"
+            )
         self.on_update(f"{pending[0].result.profile}: baseline launch {launch} failed: {first}")

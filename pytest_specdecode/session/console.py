@@ -76,6 +76,10 @@ def summary_lines(session: SpecdecodeSession) -> list[str] | None:
     if detail:
         lines.append("")
         lines.extend(detail)
+    late = terminal.failed_after_tests(results)
+    if late:
+        lines.append("")
+        lines.extend(late)
     if updates:
         lines.append("")
         lines.append("baselines updated (old -> new):")

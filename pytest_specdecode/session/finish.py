@@ -20,16 +20,24 @@ from pytest_specdecode.errors import SpecdecodeError
 from pytest_specdecode.outputs import benchmark
 from pytest_specdecode.outputs.json_report import make_session_info
 from pytest_specdecode.outputs.write import write_outputs
-from pytest_specdecode.result import TestError
+from pytest_specdecode.result import SpecdecodeResult, TestError
 from pytest_specdecode.servers.cleanup import finish_run
 from pytest_specdecode.session.worker_relay import Outbox, worker_output
 
 if TYPE_CHECKING:
     from pytest_specdecode.session.orchestrator import SpecdecodeSession
 
+OK = 0  # pytest.ExitCode.OK
 TESTS_FAILED = 1  # pytest.ExitCode.TESTS_FAILED
 INTERRUPTED = 2  # pytest.ExitCode.INTERRUPTED
 INTERNAL_ERROR = 3  # pytest.ExitCode.INTERNAL_ERROR
+NO_TESTS_COLLECTED = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
+
+
+def late_failures(results: Sequence[SpecdecodeResult]) -> list[SpecdecodeResult]:
+    """The results that fail the session although pytest had reported their tests: a later
+    baseline launch refused or failed, a baseline that could not be written."""
+    return [result for result in results if result.late_failure]
 
 
 def save_measurements(
@@ -72,6 +80,10 @@ def save_measurements(
             if errors:
                 sd.updates.extend(f"ERROR: {error}" for error in errors)
                 set_exit_status(TESTS_FAILED)
+        if late_failures(sd.results) and exit_status() in (OK, NO_TESTS_COLLECTED):
+            # pytest passed these tests before their later launches or baseline writes
+            # failed: the session fails, and the reports written below carry that status
+            set_exit_status(TESTS_FAILED)
         _write_outputs(sd, exit_status(), set_exit_status, pytest_args)
     except SpecdecodeError as exc:
         sd.updates.append(f"ERROR: {exc}")
@@ -122,6 +134,7 @@ def _write_outputs(
         run_id=sd.run_id,
         hardware_keys=[r.hardware_key for r in results],
         warnings=sd.warnings,
+        failed_after_tests=[(r.test_id, r.late_failure or "") for r in late_failures(results)],
     )
     written, errors = write_outputs(
         results, settings=sd.settings, session_info=info, env=os.environ

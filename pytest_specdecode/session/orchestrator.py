@@ -32,7 +32,7 @@ from pytest_specdecode.fleet import EngineTLS, Need, Placement, device_gpus, eng
 from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.profiles.loader import load_profiles
 from pytest_specdecode.profiles.profile import TARGET_SIM, ProfileFile, ServerProfile
-from pytest_specdecode.result import Outcome, SpecdecodeResult
+from pytest_specdecode.result import Outcome, SpecdecodeResult, TestError
 from pytest_specdecode.servers.attach import (
     SGLANG_DEFAULT_PORT,
     attach,
@@ -419,11 +419,14 @@ class SpecdecodeSession:
                 )
             except BaselineError as exc:
                 errors.append(f"{result.test_id}: {exc}")
+                _not_written(result, exc, str(exc))
             except OSError as exc:
-                errors.append(
-                    f"{result.test_id}: could not write "
-                    f"{self.store.path_for(result.hardware_key, result.test_id)}: {exc}"
+                text = (
+                    f"could not write {self.store.path_for(result.hardware_key, result.test_id)}"
+                    f": {exc}"
                 )
+                errors.append(f"{result.test_id}: {text}")
+                _not_written(result, exc, text)
         return updates, errors
 
     def finish_launches(self) -> None:
@@ -435,6 +438,17 @@ class SpecdecodeSession:
 
     def close(self) -> None:
         self.pool.close()
+
+
+def _not_written(result: SpecdecodeResult, exc: Exception, text: str) -> None:
+    """A RECORDED result whose baseline could not be written: its row says ERROR (no baseline
+    was recorded) and the session fails, though pytest passed the test long before. Its samples
+    stay in the result, so the JSON report still holds every run measured."""
+    first = text.splitlines()[0] if text else type(exc).__name__
+    result.error = TestError(phase="session end", type=type(exc).__name__, cause=first)
+    result.outcome = Outcome.ERROR
+    result.message = f"measured {result.runs} runs, but its baseline could not be written: {first}"
+    result.late_failure = f"its baseline could not be written: {first}"
 
 
 class SpecdecodeTest:

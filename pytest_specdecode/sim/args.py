@@ -21,6 +21,7 @@ from typing import Any
 
 from pytest_specdecode import sglang_releases
 from pytest_specdecode.sim import versions
+from pytest_specdecode.sim.launch_script import take_launch_flags
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 #: Algorithms for which SGLang caps max_running_requests at 48 when it is not given.
@@ -51,6 +52,7 @@ ENV_NOISE_CV = "SPECDECODE_SIM_NOISE_CV"
 #: ``SPECDECODE_SIM_LAUNCH_CV`` replaces ``--sim-launch-cv`` (launch-to-launch variance).
 ENV_LAUNCH_CV = "SPECDECODE_SIM_LAUNCH_CV"
 ENV_KNOBS = (ENV_SLOWDOWN, ENV_ACCEPT_SCALE, ENV_NOISE_CV, ENV_LAUNCH_CV)
+#: ``SPECDECODE_SIM_LAUNCH_SCRIPT`` (sim/launch_script.py) adds flags per launch, for tests.
 
 
 @dataclass(frozen=True)
@@ -722,6 +724,11 @@ def parse_args(
     args = list(sys.argv[1:] if argv is None else argv)
     environ = env or {}
     try:
+        scripted, script_note = take_launch_flags(environ)
+    except ValueError as exc:
+        build_parser().error(str(exc))
+    args += scripted  # after the command's own: this launch's line wins
+    try:
         release = requested_release(args, environ)
     except ValueError as exc:
         build_parser().error(f"argument --sim-sglang-version: {exc}")
@@ -732,4 +739,6 @@ def parse_args(
         sim = apply_env_knobs(resolved.sim, environ)
     except ValueError as exc:
         parser.error(str(exc))
+    if script_note is not None:
+        sim = dataclasses.replace(sim, env_knobs=(*sim.env_knobs, script_note))
     return dataclasses.replace(resolved, sim=sim)

@@ -73,6 +73,21 @@ def test_every_output_of_a_nightly_session(project, monkeypatch):
     assert set(tests) == {"test_eagle3", "test_nospec"}
     assert len(tests["test_eagle3"]["samples"]["tok_s"]) == 5
     assert tests["test_eagle3"]["simulated"] is True
+    # The same figures under SGLang bench_serving's names and units, beside the fields above.
+    eagle_json = tests["test_eagle3"]
+    named = eagle_json["bench_serving"]
+    assert named["per_run"]["output_throughput"] == eagle_json["samples"]["tok_s"]
+    assert named["per_run"]["mean_ttft_ms"] == [
+        pytest.approx(1000 * v) for v in eagle_json["samples"]["ttft"]
+    ]
+    assert named["mean"]["median_itl_ms"] == pytest.approx(
+        1000 * eagle_json["summary"]["itl_p50"]["mean"]
+    )
+    assert named["mean"]["accept_length"] == pytest.approx(
+        eagle_json["summary"]["accept_length"]["mean"]
+    )
+    assert named["completed"] == 2  # the "fast" workload's requests per run
+    assert "accept_length" not in tests["test_nospec"]["bench_serving"]["mean"]
 
     # JUnit shows the verdict and the figures beside each test case.
     cases = {c.get("name"): c for c in ET.parse(out / "junit.xml").getroot().iter("testcase")}
@@ -101,6 +116,15 @@ def test_every_output_of_a_nightly_session(project, monkeypatch):
     assert [round(1 / t, 12) for t in eagle["stats"]["data"]] == [round(v, 12) for v in samples]
     assert abs(eagle["stats"]["ops"] - len(samples) / sum(1 / v for v in samples)) < 1e-6
     assert eagle["extra_info"]["accept_length_mean"] > 1
+    assert eagle["extra_info"]["bench_serving"] == named
+
+    # The history line names what was measured beside the test repository's commit: the
+    # server's version and its build (for the simulator, its sources and interpreter).
+    night = json.loads((out / "history.jsonl").read_text().splitlines()[0])
+    eagle_night = next(t for t in night["tests"] if t["test_id"].endswith("test_eagle3"))
+    assert eagle_night["server_version"] == eagle_json["server_version"]
+    assert eagle_night["build"]["sim"].startswith("0.")
+    assert eagle_night["build"]["python"]
 
     # A second night appends one more history line; the trend command reads both and draws.
     project.run(*RUNS, "--specdecode-history=out/history.jsonl").assert_outcomes(passed=2)

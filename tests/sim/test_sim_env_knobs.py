@@ -7,6 +7,8 @@ fields, so the plugin's end-to-end tests inject regressions through these variab
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_specdecode.sim.args import (
@@ -15,6 +17,7 @@ from pytest_specdecode.sim.args import (
     ENV_SLOWDOWN,
     parse_args,
 )
+from pytest_specdecode.sim.launch_script import ENV_LAUNCH_SCRIPT
 
 from .conftest import EAGLE3_2STEP, NCCL_TUNED, StartSim
 
@@ -88,3 +91,61 @@ def test_a_live_server_applies_logs_and_reports_the_knobs(start_sim: StartSim) -
 
     _, low_accept, _ = measure({ENV_ACCEPT_SCALE: "0.3"})
     assert low_accept < 0.8 * plain_accept
+
+
+# -- SPECDECODE_SIM_LAUNCH_SCRIPT: one line of --sim-* flags per launch (sim/launch_script.py) --
+
+
+def test_a_launch_script_gives_each_launch_its_line_in_turn(tmp_path: Path) -> None:
+    script = tmp_path / "launches.txt"
+    script.write_text("\n--sim-noise-cv 2.0 --sim-seed 5\n--sim-fault exit-during-load\n")
+    env = {ENV_LAUNCH_SCRIPT: str(script)}
+    flags = [*BASE, "--sim-noise-cv", "0.02", "--sim-seed", "11"]
+    first = parse_args(flags, env).sim
+    second = parse_args(flags, env).sim
+    third = parse_args(flags, env).sim
+    fourth = parse_args(flags, env).sim  # no line left: the command line as it is
+    assert (first.noise_cv, first.seed, first.fault) == (0.02, 11, None)
+    assert (second.noise_cv, second.seed) == (2.0, 5)  # the line's flags come last and win
+    assert third.fault == "exit-during-load"
+    assert third.noise_cv == 0.02
+    assert (fourth.noise_cv, fourth.fault) == (0.02, None)
+    assert script.read_text() == ""
+    # what each launch took is logged at startup and reported by /server_info
+    assert second.env_knobs == (f"{ENV_LAUNCH_SCRIPT}={script} (--sim-noise-cv 2.0 --sim-seed 5)",)
+    assert first.env_knobs == (f"{ENV_LAUNCH_SCRIPT}={script} (nothing added)",)
+    assert "no line left" in fourth.env_knobs[0]
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("--tp-size 2", "holds --sim-* flags only"),
+        ("--sim-noise-cv 'unclosed", "No closing quotation"),
+        ("--sim-noise-cv -1", "argument --sim-noise-cv"),
+    ],
+)
+def test_a_bad_launch_line_is_a_usage_error_naming_the_file_and_line(
+    tmp_path: Path, line: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "launches.txt"
+    script.write_text(f"{line}\n")
+    with pytest.raises(SystemExit) as exited:
+        parse_args(BASE, {ENV_LAUNCH_SCRIPT: str(script)})
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err
+    if "argument" not in says:  # argparse names the flag; the script's own errors name the file
+        assert f"{ENV_LAUNCH_SCRIPT}={str(script)!r}" in err
+        assert repr(line) in err
+
+
+def test_a_launch_script_that_is_missing_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere" / "launches.txt"
+    with pytest.raises(SystemExit):
+        parse_args(BASE, {ENV_LAUNCH_SCRIPT: str(missing)})
+    err = capsys.readouterr().err
+    assert f"cannot take this launch's line of {missing}" in err
+    assert "one line of --sim-* flags per launch" in err
