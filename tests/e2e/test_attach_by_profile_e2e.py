@@ -84,7 +84,10 @@ def test_the_missions_command_on_the_shipped_suite_measures_the_profile_the_serv
         )
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
-    assert "= 1 passed, 2 skipped, 1 deselected in " in out.splitlines()[-1]
+    # The seed's claim (+5% over no speculation) sits close to the simulated +6%: INCONCLUSIVE
+    # (xfail by default) is allowed, as for `pytest perf_tests` (test_example_suite.py).
+    counts = re.sub(r" in [\d.]+s.*", "", out.splitlines()[-1].strip("= "))
+    assert counts in ("1 passed, 2 skipped, 1 deselected", "2 skipped, 1 deselected, 1 xfailed")
     row = next(line for line in out.splitlines() if line.startswith("| test_eagle3_2step"))
     assert "eagle3-2step-nccl (simulated)" in row
     assert row.strip("|").split("|")[-1].strip().split(";")[0] in ("PASS", "INCONCLUSIVE"), row
