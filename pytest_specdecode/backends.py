@@ -178,8 +178,9 @@ class Backend(Protocol):
         only what the launch cannot guarantee is checked."""
         ...
 
-    def unverifiable(self, profile: ServerProfile) -> str:
-        """What an attached server cannot show about itself (a warning in its results)."""
+    def unverifiable(self, profiles: Sequence[ServerProfile]) -> str:
+        """What an attached server of ``profiles`` cannot show about itself (said once, in the
+        session header)."""
         ...
 
     def begin_run(self, client: MeasurementClient, workload: Workload) -> object:
@@ -246,10 +247,10 @@ class SglangBackend:
     ) -> list[ArgMismatch]:
         return compare_server_args(profile, info) if attached else []
 
-    def unverifiable(self, profile: ServerProfile) -> str:
+    def unverifiable(self, profiles: Sequence[ServerProfile]) -> str:
         return (
-            f"the server's environment (NCCL variables of env set "
-            f"{', '.join(profile.env_sets) or 'none'}) cannot be verified remotely"
+            f"an SGLang server does not report its environment: the NCCL variables of env "
+            f"{_env_sets(profiles)} cannot be verified remotely and are taken on trust"
         )
 
     def begin_run(self, client: MeasurementClient, workload: Workload) -> object:
@@ -474,11 +475,11 @@ class LlamaCppBackend:
             mismatches.append(ArgMismatch("ctx_size", options.ctx_size, n_ctx * slots))
         return mismatches
 
-    def unverifiable(self, profile: ServerProfile) -> str:
+    def unverifiable(self, profiles: Sequence[ServerProfile]) -> str:
         return (
             "llama-server does not report its draft model, draft n max/min, threads or "
-            f"environment (env set {', '.join(profile.env_sets) or 'none'}), so those of an "
-            "attached server cannot be verified"
+            f"environment (env {_env_sets(profiles)}), so those of an attached server cannot "
+            "be verified"
         )
 
     def begin_run(self, client: MeasurementClient, workload: Workload) -> object:
@@ -517,6 +518,16 @@ BACKENDS: Mapping[str, Callable[[ServerProfile], Backend]] = {
     backend.name: backend for backend in (SglangBackend, LlamaCppBackend)
 }
 """The backends by name: a server kind names the one its servers speak (``ServerKind.backend``)."""
+
+
+def _env_sets(profiles: Sequence[ServerProfile]) -> str:
+    """``sets nccl_tuned (eagle3-nccl), none (eagle3)``: each profile's env sets."""
+    by_sets: dict[str, list[str]] = {}
+    for profile in profiles:
+        by_sets.setdefault(", ".join(profile.env_sets) or "none", []).append(profile.name)
+    if len(by_sets) == 1:
+        return f"set {next(iter(by_sets))}"
+    return "sets " + "; ".join(f"{sets} ({', '.join(names)})" for sets, names in by_sets.items())
 
 
 def _spec_count(spec: Mapping[str, object], key: str) -> int:

@@ -88,6 +88,11 @@ class AttachError(ServerError):
     listens, something else answers, or it is still loading."""
 
 
+class NotServedHere(SpecdecodeError):
+    """With ``--server-host``: no server given runs the test's profile (another profile's
+    server, or none named for it). The test is skipped with this reason, not failed."""
+
+
 class RequestError(SpecdecodeError):
     """A measurement request failed: an HTTP error, an error event in a stream, a bad body."""
 

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from pytest_specdecode.errors import ConfigError, SpecdecodeError
+from pytest_specdecode.errors import ConfigError, NotServedHere, SpecdecodeError
 from pytest_specdecode.markers import MARKER_HELP, MarkerSpec
 from pytest_specdecode.outputs.benchmark import check_json_path
 from pytest_specdecode.outputs.json_report import junit_properties
@@ -73,7 +73,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         # argparse %-formats command-line help ("8%" would crash `pytest --help`); ini help
         # is printed as it is.
         cli_help = (option.help + ("" if option.is_flag else default)).replace("%", "%%")
-        kind = {"action": "store_true"} if option.is_flag else {"metavar": option.metavar}
+        kind: dict[str, str | None] = {"metavar": option.metavar}
+        if option.is_flag:
+            kind = {"action": "store_true"}
+        elif option.repeatable:
+            kind["action"] = "append"
         group.addoption(
             option.flag, dest=f"specdecode_{option.name}", default=None, help=cli_help, **kind
         )
@@ -265,6 +269,8 @@ def specdecode_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
     try:
         profile = session.profile(name, where=request.node.nodeid)
         handle = session.server_for(profile)
+    except NotServedHere as exc:  # --server-host: another profile's server, or none for it
+        pytest.skip(str(exc))
     except SpecdecodeError as exc:
         request.node.stash[CAUSE_KEY] = exc  # its type and first line make the ERROR row
         _fail(str(exc))

@@ -11,12 +11,14 @@ and what is allowed.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_specdecode.errors import ConfigError
+from pytest_specdecode.redaction import redact_url
 
 INCONCLUSIVE_POLICIES = ("fail", "warn", "xfail")
 MISSING_BASELINE_POLICIES = ("skip", "fail")
@@ -36,6 +38,9 @@ class Option:
     ini: bool = True
     env: bool = True
     is_flag: bool = False  # a store_true switch on the command line
+    repeatable: bool = False
+    """The flag may be given several times; its values are parsed together, as one
+    comma-separated value (as the environment variable gives them)."""
 
     @property
     def ini_key(self) -> str:
@@ -130,6 +135,70 @@ def _text(text: str) -> str:
     return text.strip()
 
 
+@dataclass(frozen=True)
+class ServerHosts:
+    """``--server-host``: the servers someone else runs. ``default`` (a bare ``URL``) serves
+    every selected profile it runs (by its ``/server_info``); ``named`` (``PROFILE=URL``) says
+    which server serves which profile. The URLs are as written (``HOST[:PORT]`` or a URL);
+    ``servers.attach.attach_url`` completes them."""
+
+    default: str | None = None
+    named: Mapping[str, str] = field(default_factory=dict)
+
+    def url_for(self, profile: str) -> str | None:
+        """The server given for ``profile``: its own, else the default (None: none given)."""
+        return self.named.get(profile, self.default)
+
+    @property
+    def specs(self) -> list[str]:
+        """Every server given, the default first, each once."""
+        urls = ([self.default] if self.default else []) + list(self.named.values())
+        return list(dict.fromkeys(urls))
+
+    def __str__(self) -> str:
+        """As the user would write it, passwords in URLs redacted."""
+        parts = [f"{name}={url}" for name, url in self.named.items()]
+        if self.default:
+            parts.insert(0, self.default)
+        return redact_url(", ".join(parts))
+
+
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+"""What may stand before ``=`` in ``PROFILE=URL``: a profile name. A URL's own ``=`` (in a
+password) has ``:``, ``/`` or ``@`` before it, so it is never taken for one."""
+
+
+def _server_hosts(text: str) -> ServerHosts:
+    """``URL`` and/or ``PROFILE=URL`` values, separated by commas or whitespace (the flag may
+    be repeated). At most one bare URL; a profile named twice must name one server."""
+    default: str | None = None
+    named: dict[str, str] = {}
+    for item in re.split(r"[,\s]+", text.strip()):
+        if not item:
+            continue
+        name, sep, url = item.partition("=")
+        if not (sep and _PROFILE_NAME.fullmatch(name)):
+            if default is not None and default != item:
+                raise ValueError(
+                    f"gives two servers without a profile ({redact_url(default)} and "
+                    f"{redact_url(item)}): give at most one bare URL (it serves the profiles it "
+                    "runs) and name the others PROFILE=URL"
+                )
+            default = item
+            continue
+        if not url:
+            raise ValueError(f"{name}= names no server: write {name}=HOST[:PORT] or a URL")
+        if named.get(name, url) != url:
+            raise ValueError(
+                f"names two servers for profile {name!r} ({redact_url(named[name])} and "
+                f"{redact_url(url)}): one profile is measured on one server"
+            )
+        named[name] = url
+    if default is None and not named:
+        raise ValueError("must not be empty")
+    return ServerHosts(default=default, named=named)
+
+
 def default_state_dir() -> Path:
     """The machine-wide state directory (per user): ``$XDG_CACHE_HOME`` or ``~/.cache``."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -158,12 +227,15 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "server_host",
         "--server-host",
-        "Measure a server someone else runs (HOST[:PORT] or URL) instead of launching one; "
-        "its reported arguments must match the test's profile",
+        "Measure servers someone else runs instead of launching them. URL (HOST[:PORT] or a "
+        "URL): the selected tests of the profile that server runs, by its /server_info; the "
+        "others are skipped with the reason. PROFILE=URL (repeatable, or comma-separated): "
+        "that profile's server, which must run it; a bare URL then serves the other profiles",
         None,
-        _text,
-        "HOST[:PORT]",
+        _server_hosts,
+        "[PROFILE=]URL",
         ini=False,
+        repeatable=True,
     ),
     Option(
         "update_baselines",
@@ -397,7 +469,7 @@ PATH_OPTIONS = ("config", "baselines", "state_dir", "report", "history", "markdo
 class Settings:
     config: Path
     target: str
-    server_host: str | None
+    server_host: ServerHosts | None
     update_baselines: bool
     force_baseline: bool
     baselines: Path
@@ -495,8 +567,10 @@ def resolve(
         raw: Any = None
         where = ""
         base = invocation_dir
-        if cli.get(option.name) not in (None, False):
+        if cli.get(option.name) not in (None, False, []):
             raw, where = cli[option.name], f"{option.flag}"
+            if isinstance(raw, list):  # a repeatable flag, given once or more
+                raw = ", ".join(str(value) for value in raw)
         elif option.env and env.get(option.env_var):
             raw, where = env[option.env_var], f"environment variable {option.env_var}"
         elif option.ini and ini.get(option.name):
@@ -509,7 +583,8 @@ def resolve(
         try:
             value = option.parse(str(raw)) if not isinstance(raw, bool) else raw
         except ValueError as exc:
-            raise ConfigError(f"invalid value {raw!r} from {where}: {exc}") from None
+            shown = redact_url(str(raw)) if option.name == "server_host" else raw
+            raise ConfigError(f"invalid value {shown!r} from {where}: {exc}") from None
         if option.name in PATH_OPTIONS:
             path = Path(str(value)).expanduser()
             value = str(path if path.is_absolute() else base / path)

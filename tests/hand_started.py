@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,16 +31,26 @@ FAST = ("--sim-speed", "50", "--sim-load-seconds", "0.2", "--sim-seed", "1")
 
 @contextmanager
 def hand_started_sim(
-    *args: str, log: Path | None = None, fast: tuple[str, ...] = FAST
+    *args: str,
+    log: Path | None = None,
+    fast: tuple[str, ...] = FAST,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     """``python -m pytest_specdecode.sim ARGS`` on a free port, ready: (port, process); killed
-    (its whole session) on exit."""
+    (its whole session) on exit. ``env``: variables added to this process's environment for
+    it (an operator's exported NCCL tuning)."""
     port = find_free_port()
     argv = [sys.executable, "-m", "pytest_specdecode.sim", *args, *fast]
     argv += ["--host", "127.0.0.1", "--port", str(port)]
     out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
     finally:
         if log is not None:
             out.close()  # type: ignore[union-attr]

@@ -113,7 +113,7 @@ def start_selected(session: SpecdecodeSession, selected: Sequence[Planned]) -> N
     demand = Counter(test.spec.server for test in selected if test.spec.server)
     session.pool.set_demand(None if session.is_xdist_worker else demand, hosts=session.host_of)
     session.plan(list(demand.elements()))
-    session.note_selected([test.test_id for test in selected])
+    session.note_selected([test.test_id for test in selected], list(demand))
 
 
 def group_tagged(nodeid: str, groups: Iterable[str]) -> str | None:

@@ -9,11 +9,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from pytest_specdecode.backends import backend_for
+from pytest_specdecode.net import is_local_host
 from pytest_specdecode.outputs import terminal
 from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.servers.readiness import Progress
 
 if TYPE_CHECKING:
+    from pytest_specdecode.profiles.profile import ServerProfile
     from pytest_specdecode.session.orchestrator import SpecdecodeSession
 
 
@@ -29,11 +32,55 @@ def header_lines(session: SpecdecodeSession) -> list[str]:
         f"({session.target_reason}), baselines {settings.baselines}"
     ]
     if settings.server_host:
-        shown = redact_url(settings.server_host)  # a password in the URL stays off the screen
-        lines.append(f"specdecode: measuring the server at {shown} (attached)")
+        lines.extend(f"specdecode: {line}" for line in attached_lines(session))
     if settings.update_baselines:
         lines.append("specdecode: --update-baselines: measured runs become the new baselines")
     lines.extend(f"specdecode: warning: {warning}" for warning in session.warnings)
+    return lines
+
+
+def attached_lines(session: SpecdecodeSession) -> list[str]:
+    """With ``--server-host``: which server serves which profiles, what no server can show
+    about itself (once here, not per test), and whose baselines each server is compared with."""
+    hosts = session.settings.server_host
+    assert hosts is not None
+    lines = []
+    for spec in hosts.specs:
+        named = [name for name, url in hosts.named.items() if url == spec]
+        serves = [f"profile {', '.join(named)}"] if named else []
+        if spec == hosts.default:
+            among = " among the other selected ones" if hosts.named else ""
+            serves.append(
+                f"the tests of the profile it runs{among} (by its /server_info; the rest are "
+                "skipped)"
+            )
+        shown = redact_url(spec)  # a password in the URL stays off the screen
+        lines.append(f"measuring the server at {shown} (attached) for {' and '.join(serves)}")
+    loaded = session.profiles()
+    by_backend: dict[str, list[ServerProfile]] = {}
+    for each in loaded.profiles.values():
+        by_backend.setdefault(backend_for(each).name, []).append(each)
+    for profiles in by_backend.values():
+        lines.append(f"attached: {backend_for(profiles[0]).unverifiable(profiles)}")
+    simulated = all(p.simulated for p in loaded.profiles.values())
+    for spec in hosts.specs:
+        profile = next((loaded.profiles[n] for n, url in hosts.named.items() if url == spec), None)
+        key = session.hardware_key(simulated, profile)
+        host = session.attached_host(profile) or ""
+        if session.settings.hardware_key is not None:
+            why = "--specdecode-hardware-key"
+        elif simulated:
+            why = "the simulated server's"
+        elif key.startswith("host-"):
+            why = (
+                "another host's own; --specdecode-hardware-key names the class of box it "
+                "shares with"
+                if not is_local_host(host)
+                else "no GPU found on this machine"
+            )
+        else:
+            why = "the server runs on this machine: its GPUs'"
+        lines.append(f"baselines of the server at {redact_url(spec)}: {key} ({why})")
     return lines
 
 

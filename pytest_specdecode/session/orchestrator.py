@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pytest_specdecode.backends import backend_for
 from pytest_specdecode.baselines.baseline import BaselineRecord
 from pytest_specdecode.baselines.store import BaselineStore, BaselineUpdate
 from pytest_specdecode.errors import BaselineError, ConfigError, ServerError, ServerStartError
 from pytest_specdecode.fleet import EngineTLS, Need, Placement, device_gpus, engine, place
 from pytest_specdecode.markers import MarkerSpec
+from pytest_specdecode.net import is_local_host
 from pytest_specdecode.profiles.loader import load_profiles
 from pytest_specdecode.profiles.profile import TARGET_SIM, ProfileFile, ServerProfile
 from pytest_specdecode.result import Outcome, SpecdecodeResult, TestError
@@ -42,6 +44,7 @@ from pytest_specdecode.servers.attach import (
 from pytest_specdecode.servers.handle import ServerCounts, ServerHandle
 from pytest_specdecode.servers.pool import ServerPool
 from pytest_specdecode.servers.readiness import DEFAULT_READY_GRACE, Progress
+from pytest_specdecode.session.attached import AttachedServers
 from pytest_specdecode.session.baseline_launches import BaselineLaunches, whole_launches
 from pytest_specdecode.session.measurement import Measurer
 from pytest_specdecode.session.provenance import (
@@ -115,6 +118,12 @@ class SpecdecodeSession:
             ready_grace=settings.stall_timeout or DEFAULT_READY_GRACE,
         )
         self.runner = ServerRunner(settings, self.pool)
+        self.attached = (
+            AttachedServers(settings.server_host, self._attached_info)
+            if settings.server_host
+            else None
+        )
+        """With --server-host: which selected profile each given server serves."""
         self.launches = BaselineLaunches(
             settings, pool=self.pool, runner=self.runner, emit=emit, on_update=self.updates.append
         )
@@ -172,8 +181,9 @@ class SpecdecodeSession:
             if target == "auto":
                 probe = load_profiles(path, target="real")
                 if self.settings.server_host:
+                    # The first server given says whether it is simulated (the default first).
                     target, self._target_reason = attached_target(
-                        self.settings.server_host, probe, self.settings.config
+                        self.settings.server_host.specs[0], probe, self.settings.config
                     )
                 elif self.gpus is not None:
                     target, self._target_reason = "real", f"{len(self.gpus.names)} GPU(s) found"
@@ -187,7 +197,33 @@ class SpecdecodeSession:
             self._profiles = load_profiles(path, target=target)
             self._target = target
             self.warnings.extend(self._profiles.warnings)
+            self._check_server_hosts(self._profiles)
         return self._profiles
+
+    def _check_server_hosts(self, loaded: ProfileFile) -> None:
+        """Every ``--server-host PROFILE=URL`` names a profile of the file, and every URL
+        has a host: a usage error before anything runs, not a skip per test."""
+        hosts = self.settings.server_host
+        if hosts is None:
+            return
+        for spec in hosts.specs:
+            attach_url(spec, SGLANG_DEFAULT_PORT)
+        unknown = [name for name in hosts.named if name not in loaded.profiles]
+        if unknown:
+            import difflib
+
+            known = list(loaded.profiles)
+            hints = [difflib.get_close_matches(name, known, n=1) for name in unknown]
+            said = ", ".join(
+                f"{name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                for name, hint in zip(unknown, hints, strict=True)
+            )
+            raise ConfigError(
+                f"--server-host {hosts} names profile {said}, which {self.settings.config} does "
+                f"not define. Defined: {', '.join(sorted(loaded.profiles)) or 'none'}; write "
+                "--server-host PROFILE=URL with one of them, or a bare URL for the profiles "
+                "the server runs"
+            )
 
     def place(self, demand: Mapping[str, int]) -> None:
         """Place the docker profiles of the collected tests (``demand``: tests per profile) on
@@ -287,8 +323,27 @@ class SpecdecodeSession:
         if self.settings.server_host:
             if profile.name in self.runner.attached_hung:  # it hung: later tests fail at once
                 raise self.runner.attached_hung[profile.name]
-            return attach(profile, self.settings.server_host, self.env)
+            assert self.attached is not None
+            return attach(profile, self.attached.url_for(profile), self.env)
         return self.pool.acquire(profile)
+
+    def _attached_info(self, profile: ServerProfile, spec: str) -> dict[str, Any]:
+        """What the server at ``spec`` reports, once it is ready (for
+        :class:`~pytest_specdecode.session.attached.AttachedServers` to decide which profile it
+        serves)."""
+        handle = attach(profile, spec, self.env)
+        backend = backend_for(profile)
+        with self.runner.client(handle, backend) as client:
+            return self.runner.server_info(client, backend, handle)
+
+    def attached_host(self, profile: ServerProfile | None) -> str | None:
+        """The host name of the server given for ``profile`` (the default one for None)."""
+        hosts = self.settings.server_host
+        if hosts is None:
+            return None
+        spec = hosts.url_for(profile.name) if profile is not None else hosts.default
+        spec = spec or hosts.specs[0]
+        return urlsplit(attach_url(spec, SGLANG_DEFAULT_PORT)).hostname
 
     def release(self, profile: ServerProfile, *, hold: bool = False) -> None:
         """A test is done with ``profile``'s server; ``hold``: this process's next test needs
@@ -308,8 +363,11 @@ class SpecdecodeSession:
                 None, simulated=False, override=f"simulated-{key}" if simulated else key
             )
         override = self.settings.hardware_key
-        if override is None and self.settings.server_host and self.gpus is None and not simulated:
-            host = urlsplit(attach_url(self.settings.server_host, SGLANG_DEFAULT_PORT)).hostname
+        host = self.attached_host(profile)
+        # A server on this machine runs on the GPUs nvidia-smi lists here: the box's own
+        # baselines. Another host's GPUs are not ours to see: that host's own key.
+        remote = host is not None and (self.gpus is None or not is_local_host(host))
+        if override is None and remote and not simulated:
             override = f"host-{host}"
         return hardware_key(self.gpus, simulated=simulated, override=override)
 
@@ -344,9 +402,11 @@ class SpecdecodeSession:
         entry = (test_id, workload.name, workload.content_hash())
         self._collected.setdefault(profile, []).append(entry)
 
-    def note_selected(self, test_ids: Sequence[str]) -> None:
-        """The tests left to run after deselection."""
+    def note_selected(self, test_ids: Sequence[str], profiles: Sequence[str] = ()) -> None:
+        """The tests left to run after deselection, and their profiles."""
         self._selected = set(test_ids)
+        if self.attached is not None:
+            self.attached.select([self.profile(name, where="--server-host") for name in profiles])
 
     def recorder_hint(self, profile: str, workload: Workload) -> str:
         """Which tests of this session record ``profile``'s baseline on ``workload``, and what

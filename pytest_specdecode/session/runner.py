@@ -113,7 +113,8 @@ class ServerRunner:
                     log_tail=handle.log_tail(50),
                 )
             return []
-        warnings = [f"attached to {handle.base_url}: {backend.unverifiable(profile)}"]
+        # What no server reports (its environment) is said once, in the session header.
+        warnings = []
         if unchecked:
             warnings.append(
                 f"attached to {handle.base_url}: {release} does not report "

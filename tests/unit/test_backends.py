@@ -460,7 +460,7 @@ def test_an_attached_llamacpp_server_is_checked_for_what_it_reports() -> None:
         "parallel: profile wants 1, server reports 4",
         "ctx_size: profile wants 1024, server reports 16384",
     ]
-    assert "draft model, draft n max/min, threads" in backend.unverifiable(LLAMA_SPEC)
+    assert "draft model, draft n max/min, threads" in backend.unverifiable([LLAMA_SPEC])
 
 
 # --- llama.cpp: accept length from the counters around a run ----------------------------------
