@@ -187,7 +187,7 @@ def test_builtin_workloads_match_their_descriptions() -> None:
 
     assert (default.prompt_set, default.max_new_tokens, default.concurrency) == ("mixed", 256, 1)
     assert default.requests_per_run == 4
-    assert (seed.max_new_tokens, seed.requests_per_run, seed.concurrency) == (500, 1, 1)
+    assert (seed.max_new_tokens, seed.requests_per_run, seed.concurrency) == (500, 4, 1)
     assert (batch8.concurrency, batch8.requests_per_run) == (8, 8)
     for kind in PROMPT_KINDS:
         assert {prompt.kind for prompt in BUILTIN_WORKLOADS[kind].prompts} == {kind}
