@@ -9,6 +9,11 @@ rule, and with ``--png`` draws the trend picture. Exit status:
 * 2: bad usage or bad input (unknown option, missing or malformed history file, matplotlib
   missing for ``--png``).
 
+``init [DIR]`` writes a performance suite of one's own (a commented profile file for one model,
+draft, TP size and NCCL set, and one marked test: :mod:`pytest_specdecode.profiles.scaffold`),
+refusing to replace any file, and says how to record its baselines and what that costs: 0 when
+written, 2 on bad usage or when a file exists.
+
 ``compare OLD NEW`` judges NEW's runs against OLD's (JSON reports or baseline files) with a live
 run's statistics and table (:mod:`pytest_specdecode.outputs.compare`): 0 when no test fails, 1
 when one FAILs, mismatches or errored in NEW, 2 on bad usage or an unreadable file.
@@ -17,7 +22,9 @@ when one FAILs, mismatches or errored in NEW, 2 on bad usage or an unreadable fi
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -28,6 +35,8 @@ from pytest_specdecode.markers import METRIC_KEYS
 from pytest_specdecode.outputs import compare
 from pytest_specdecode.outputs.history import HistoryError, read_history
 from pytest_specdecode.outputs.trend import format_table, select, trend
+from pytest_specdecode.profiles import scaffold
+from pytest_specdecode.profiles.loader import load_profiles
 from pytest_specdecode.settings import OPTIONS_BY_NAME
 from pytest_specdecode.verdict import Threshold
 
@@ -146,6 +155,48 @@ def _add_compare(commands: Any) -> None:
     )
 
 
+def _add_init(commands: Any) -> None:
+    parser = commands.add_parser(
+        "init",
+        help="write a performance suite of your own: a profile file and one marked test",
+        description=(
+            "Write DIR/specdecode.toml (one server profile for your model, its EAGLE3 draft or "
+            "none, the TP size and an NCCL set, every key commented, with a simulated target "
+            "that runs without a GPU) and DIR/test_perf.py (one marked test), plus "
+            "DIR/pytest.ini when DIR is not perf_tests/. An existing file is never replaced: "
+            "then nothing is written."
+        ),
+        epilog="exit status: 0 written, 2 usage error or a file exists",
+    )
+    parser.add_argument(
+        "directory",
+        type=Path,
+        nargs="?",
+        default=scaffold.DEFAULT_DIRECTORY,
+        metavar="DIR",
+        help="where the suite goes (default perf_tests)",
+    )
+    parser.add_argument("--model", required=True, help="the target model's path or id")
+    parser.add_argument("--draft-model", help="the EAGLE3 draft model's path or id")
+    parser.add_argument(
+        "--algorithm",
+        choices=scaffold.ALGORITHMS,
+        help="speculative algorithm (default: eagle3 with --draft-model, else none)",
+    )
+    parser.add_argument("--tp", type=_positive, default=1, metavar="N", help="tensor parallel size")
+    parser.add_argument(
+        "--steps", type=_positive, default=2, metavar="N", help="EAGLE3 draft steps (default 2)"
+    )
+    parser.add_argument(
+        "--nccl",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the server's NCCL variables, e.g. --nccl NCCL_PROTO=LL NCCL_ALGO=Ring",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -207,8 +258,63 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="report malformed history lines on stderr and go on instead of stopping",
     )
+    _add_init(commands)
     _add_compare(commands)
     return parser
+
+
+def run_init(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    algorithm = args.algorithm or ("eagle3" if args.draft_model else "none")
+    spec = scaffold.SuiteSpec(
+        model=args.model,
+        draft_model=args.draft_model,
+        algorithm=algorithm,
+        tp=args.tp,
+        steps=args.steps,
+        nccl=scaffold.parse_env_pairs(args.nccl),
+    )
+    directory: Path = args.directory
+    own_ini = scaffold.ini_needed(directory, Path.cwd())
+    written = scaffold.write_suite(directory, spec, default_place=not own_ini)
+    profiles = load_profiles(directory / scaffold.PROFILE_FILE)  # what pytest will read
+    for path in written:
+        print(f"wrote {path}", file=out)
+    suite = str(directory)
+    # Deferred: the session's modules load the server pool and the client, which `report` and
+    # `compare` never need (tests/unit/test_architecture.py).
+    from pytest_specdecode.session.baseline_launches import baseline_cost
+
+    cost = baseline_cost(list(profiles.profiles.values()), None)
+    baselines = directory / "baselines" if own_ini else Path("baselines")
+    wrap = functools.partial(textwrap.fill, width=96, break_on_hyphens=False)
+    print(
+        f"""
+The test measures the profile {spec.profile}. Try the suite now without a GPU, on the simulated
+server (its figures are labelled simulated):
+    pytest {suite} --specdecode-target sim --update-baselines
+    pytest {suite} --specdecode-target sim
+On the GPU box, record the baselines, commit {baselines}/, then run the check (nightly):
+    pytest {suite} --update-baselines
+    pytest {suite} --specdecode-on-missing-baseline fail
+"""
+        + wrap(
+            f"Recording costs {cost}. The load time is a bound, the profile's startup_timeout; "
+            "a real load can be far shorter (the seed's TP8 Kimi-K2.5 took ~900 s). Launches "
+            "per baseline: --specdecode-baseline-launches; runs per launch: "
+            "--specdecode-baseline-runs (default 60)."
+        ),
+        file=out,
+    )
+    if own_ini:
+        print(
+            wrap(
+                f"{directory / scaffold.INI_FILE} points pytest at the profile file when it "
+                f"runs {suite}; to run it under your own pytest configuration instead, set "
+                f"specdecode_config = {directory / scaffold.PROFILE_FILE} there."
+            ),
+            file=out,
+        )
+    return EXIT_OK
 
 
 def run_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -271,7 +377,7 @@ def main(
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help/--version exit 0, usage errors exit 2
         return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
-    command = {"report": run_report, "compare": run_compare}[args.command]
+    command = {"report": run_report, "compare": run_compare, "init": run_init}[args.command]
     try:
         return command(args, out, err)
     except (SpecdecodeError, ValueError) as exc:  # bad input file, no matplotlib, bad picture

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from pytest_specdecode.outputs import terminal
 from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.servers.readiness import Progress
+from pytest_specdecode.session.baseline_launches import baseline_cost
 
 if TYPE_CHECKING:
     from pytest_specdecode.session.orchestrator import SpecdecodeSession
@@ -33,6 +34,10 @@ def header_lines(session: SpecdecodeSession) -> list[str]:
         lines.append(f"specdecode: measuring the server at {shown} (attached)")
     if settings.update_baselines:
         lines.append("specdecode: --update-baselines: measured runs become the new baselines")
+        if not settings.server_host:  # an attached server is measured as it is, not launched
+            profiles = list(session.profiles().profiles.values())
+            cost = baseline_cost(profiles, settings.baseline_launches)
+            lines.append(f"specdecode: recording cost if every profile is selected: {cost}")
     lines.extend(f"specdecode: warning: {warning}" for warning in session.warnings)
     return lines
 
