@@ -13,6 +13,7 @@ error names each one.
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from types import MappingProxyType
 
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.profiles.fields import ENV_NAME_PATTERN
+from pytest_specdecode.profiles.loader import load_profiles
 
 ALGORITHMS = ("eagle3", "none")
 DEFAULT_DIRECTORY = Path("perf_tests")
@@ -109,7 +111,7 @@ def profile_text(spec: SuiteSpec) -> str:
 # SGLang takes num_draft_tokens = num_steps + 1. Leave the table out for no speculation.
 [profiles.{spec.profile}.speculative]
 algorithm = "EAGLE3"                # EAGLE, EAGLE3, NEXTN, STANDALONE or NGRAM
-draft_model_path = {_toml(spec.draft_model)}
+draft_model_path = {_toml(spec.draft_model)}   # the draft model
 num_steps = {spec.steps}                       # draft steps per verify
 eagle_topk = 1                      # branches per step
 num_draft_tokens = {spec.steps + 1}                # tokens verified per step
@@ -148,8 +150,9 @@ warmup_requests = 2          # short requests after readiness, before anything i
 # are NOT passed on unless a set names them, so the profile alone decides how NCCL is tuned.
 {env_table}
 [profiles.{spec.profile}]
+# description: free text, shown in reports
 description = {_toml(f"{spec.model} at TP{spec.tp}, {what}{nccl_text}")}
-model_path = {_toml(spec.model)}
+model_path = {_toml(spec.model)}   # SGLang's --model-path
 tp_size = {spec.tp}                  # tensor parallel size (--tp-size)
 {env_line}               # the env set(s) this profile runs with, merged in order
 # Other SGLang flags, e.g. ["--trust-remote-code"]; flags a key above sets are refused here.
@@ -161,10 +164,10 @@ extra_args = []
 # Chosen when no GPU is found, or with --specdecode-target sim. Its baselines never mix with
 # the real ones (the fingerprint differs).
 [targets.sim]
-launcher = "sim"
+launcher = "sim"             # python -m pytest_specdecode.sim, in pytest's interpreter
 gpus = []                    # no GPUs to reserve
 extra_args = ["--sim-speed", "10", "--sim-load-seconds", "2"]   # appended: 10x faster, quick load
-startup_timeout = 60
+startup_timeout = 60         # the simulated load takes 2 s
 
 # What the test sends (every workload key: docs/workloads.md of pytest-specdecode). A name of
 # your own: a [workloads.NAME] named like a built-in (default, seed, batch8, code, ...) would
@@ -237,8 +240,17 @@ def suite_files(directory: Path, spec: SuiteSpec, *, default_place: bool) -> dic
 
 
 def write_suite(directory: Path, spec: SuiteSpec, *, default_place: bool) -> list[Path]:
-    """Write the suite; refuse, writing nothing, if any of its files exists."""
+    """Write the suite; refuse, writing nothing, if any of its files exists or the profile file
+    would not load (a value the loader refuses, such as a secret-looking variable)."""
     files = suite_files(directory, spec, default_place=default_place)
+    with tempfile.TemporaryDirectory() as scratch:
+        trial = Path(scratch) / PROFILE_FILE
+        trial.write_text(files[directory / PROFILE_FILE], encoding="utf-8")
+        try:
+            load_profiles(trial)
+        except ConfigError as exc:  # named after the scratch file: say what was asked instead
+            problem = str(exc).replace(str(trial), "the profile file asked for")
+            raise ConfigError(f"{problem}; nothing was written") from None
     existing = [path for path in files if path.exists() or path.is_symlink()]
     if existing:
         raise ConfigError(
