@@ -1,27 +1,44 @@
-"""``python -m pytest_specdecode report HISTORY``: the trend of the nightly history.
+"""``python -m pytest_specdecode COMMAND``: the tools around the plugin's outputs.
 
-Prints the trend table (one row per test: sessions, recent outcomes, latest tok/s and accept
-length, status) and the flags raised by the persistence rule, and with ``--png`` draws the trend
-picture. Exit status:
+``report HISTORY`` prints the trend table of the nightly history (one row per test: sessions,
+recent outcomes, latest tok/s and accept length, status) and the flags raised by the persistence
+rule, and with ``--png`` draws the trend picture. Exit status:
 
 * 0: the report was printed and no regression persists at the end of the history;
 * 1: at least one test has an ongoing persistent regression (``--persist`` sessions in a row);
 * 2: bad usage or bad input (unknown option, missing or malformed history file, matplotlib
   missing for ``--png``).
+
+``init [DIR]`` writes a performance suite of one's own (a commented profile file for one model,
+draft, TP size and NCCL set, and one marked test: :mod:`pytest_specdecode.profiles.scaffold`),
+refusing to replace any file, and says how to record its baselines and what that costs: 0 when
+written, 2 on bad usage or when a file exists.
+
+``compare OLD NEW`` judges NEW's runs against OLD's (JSON reports or baseline files) with a live
+run's statistics and table (:mod:`pytest_specdecode.outputs.compare`): 0 when no test fails, 1
+when one FAILs, mismatches or errored in NEW, 2 on bad usage or an unreadable file.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from pytest_specdecode import __version__
 from pytest_specdecode.errors import SpecdecodeError
+from pytest_specdecode.markers import METRIC_KEYS
+from pytest_specdecode.outputs import compare
 from pytest_specdecode.outputs.history import HistoryError, read_history
 from pytest_specdecode.outputs.trend import format_table, select, trend
+from pytest_specdecode.profiles import scaffold
+from pytest_specdecode.profiles.loader import load_profiles
+from pytest_specdecode.settings import OPTIONS_BY_NAME
+from pytest_specdecode.verdict import Threshold
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -62,11 +79,130 @@ def _size(text: str) -> tuple[int, int]:
     return size
 
 
+def _setting(name: str) -> Any:
+    """A parser for one value of the plugin's option ``name`` (the same checks)."""
+    option = OPTIONS_BY_NAME[name]
+
+    def parse(text: str) -> Any:
+        try:
+            return option.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} {exc}") from None
+
+    return parse
+
+
+def _margin(text: str) -> Threshold:
+    metric, sep, value = text.partition("=")
+    if not sep or metric not in METRIC_KEYS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not METRIC=FRACTION with METRIC one of {', '.join(METRIC_KEYS)}, "
+            "e.g. tok_s=-0.03"
+        )
+    try:
+        margin = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {value!r} is not a number") from None
+    if not (margin > -1 and margin < 10):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a margin is a signed fraction above -1 (-0.03: at most 3% worse)"
+        )
+    return Threshold(metric, margin)
+
+
+def _add_compare(commands: Any) -> None:
+    epilog = "exit status: 0 no test fails, 1 a test FAILs (or mismatches, or errored), 2 usage"
+    parser = commands.add_parser(
+        "compare",
+        help="judge a saved run against another one, with the statistics of a live run",
+        description=(
+            "Compare two saved runs: JSON reports (--specdecode-report), baseline files or "
+            "directories of baseline files. Tests are matched by test id and profile; NEW's "
+            "runs are judged against OLD's with the verdicts, table and statistics of a live "
+            "run, at the margins each test's report recorded (tok_s -3% where none is "
+            "recorded) or those given with --margin."
+        ),
+        epilog=epilog,
+    )
+    parser.add_argument("old", type=Path, metavar="OLD", help="the earlier run (the baseline)")
+    parser.add_argument("new", type=Path, metavar="NEW", help="the later run, judged against OLD")
+    parser.add_argument(
+        "--margin",
+        type=_margin,
+        action="append",
+        default=[],
+        metavar="METRIC=FRACTION",
+        help="a margin for every test instead of its own, e.g. tok_s=-0.03 (repeatable)",
+    )
+    for name, flag in (
+        ("alpha", "--alpha"),
+        ("alpha_no_change", "--alpha-no-change"),
+        ("method", "--method"),
+    ):
+        option = OPTIONS_BY_NAME[name]
+        parser.add_argument(
+            flag,
+            type=_setting(name),
+            default=option.default,
+            metavar=option.metavar,
+            help=f"as {option.flag} (default {option.default})".replace("%", "%%"),
+        )
+    parser.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="compare tests whose configuration differs between OLD and NEW (each difference "
+        "is a warning) instead of reporting a mismatch",
+    )
+
+
+def _add_init(commands: Any) -> None:
+    parser = commands.add_parser(
+        "init",
+        help="write a performance suite of your own: a profile file and one marked test",
+        description=(
+            "Write DIR/specdecode.toml (one server profile for your model, its EAGLE3 draft or "
+            "none, the TP size and an NCCL set, every key commented, with a simulated target "
+            "that runs without a GPU) and DIR/test_perf.py (one marked test), plus "
+            "DIR/pytest.ini when DIR is not perf_tests/. An existing file is never replaced: "
+            "then nothing is written."
+        ),
+        epilog="exit status: 0 written, 2 usage error or a file exists",
+    )
+    parser.add_argument(
+        "directory",
+        type=Path,
+        nargs="?",
+        default=scaffold.DEFAULT_DIRECTORY,
+        metavar="DIR",
+        help="where the suite goes (default perf_tests)",
+    )
+    parser.add_argument("--model", required=True, help="the target model's path or id")
+    parser.add_argument("--draft-model", help="the EAGLE3 draft model's path or id")
+    parser.add_argument(
+        "--algorithm",
+        choices=scaffold.ALGORITHMS,
+        help="speculative algorithm (default: eagle3 with --draft-model, else none)",
+    )
+    parser.add_argument("--tp", type=_positive, default=1, metavar="N", help="tensor parallel size")
+    parser.add_argument(
+        "--steps", type=_positive, default=2, metavar="N", help="EAGLE3 draft steps (default 2)"
+    )
+    parser.add_argument(
+        "--nccl",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the server's NCCL variables, e.g. --nccl NCCL_PROTO=LL NCCL_ALGO=Ring",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Tools around pytest-specdecode's outputs.",
-        epilog="exit status: 0 ok, 1 a persistent regression is flagged, 2 usage or input error",
+        epilog="exit status: 0 ok, 1 a regression (report) or a FAIL (compare), 2 usage or input "
+        "error",
     )
     parser.add_argument("--version", action="version", version=f"pytest-specdecode {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -122,7 +258,79 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="report malformed history lines on stderr and go on instead of stopping",
     )
+    _add_init(commands)
+    _add_compare(commands)
     return parser
+
+
+def run_init(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    algorithm = args.algorithm or ("eagle3" if args.draft_model else "none")
+    spec = scaffold.SuiteSpec(
+        model=args.model,
+        draft_model=args.draft_model,
+        algorithm=algorithm,
+        tp=args.tp,
+        steps=args.steps,
+        nccl=scaffold.parse_env_pairs(args.nccl),
+    )
+    directory: Path = args.directory
+    own_ini = scaffold.ini_needed(directory, Path.cwd())
+    written = scaffold.write_suite(directory, spec, default_place=not own_ini)
+    profiles = load_profiles(directory / scaffold.PROFILE_FILE)  # what pytest will read
+    for path in written:
+        print(f"wrote {path}", file=out)
+    suite = str(directory)
+    # Deferred: the session's modules load the server pool and the client, which `report` and
+    # `compare` never need (tests/unit/test_architecture.py).
+    from pytest_specdecode.session.baseline_launches import baseline_cost
+
+    cost = baseline_cost(list(profiles.profiles.values()), None)
+    baselines = directory / "baselines" if own_ini else Path("baselines")
+    wrap = functools.partial(textwrap.fill, width=96, break_on_hyphens=False)
+    print(
+        f"""
+The test measures the profile {spec.profile}. Try the suite now without a GPU, on the simulated
+server (its figures are labelled simulated):
+    pytest {suite} --specdecode-target sim --update-baselines
+    pytest {suite} --specdecode-target sim
+On the GPU box, record the baselines, commit {baselines}/, then run the check (nightly):
+    pytest {suite} --update-baselines
+    pytest {suite} --specdecode-on-missing-baseline fail
+"""
+        + wrap(
+            f"Recording costs {cost}. The load time is a bound, the profile's startup_timeout; "
+            "a real load can be far shorter (the seed's TP8 Kimi-K2.5 took ~900 s). Launches "
+            "per baseline: --specdecode-baseline-launches; runs per launch: "
+            "--specdecode-baseline-runs (default 60)."
+        ),
+        file=out,
+    )
+    if own_ini:
+        print(
+            wrap(
+                f"{directory / scaffold.INI_FILE} points pytest at the profile file when it "
+                f"runs {suite}; to run it under your own pytest configuration instead, set "
+                f"specdecode_config = {directory / scaffold.PROFILE_FILE} there."
+            ),
+            file=out,
+        )
+    return EXIT_OK
+
+
+def run_compare(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    old, new = compare.read_side(args.old), compare.read_side(args.new)
+    compared = compare.compare_sides(
+        old,
+        new,
+        alpha=args.alpha,
+        method=args.method,
+        alpha_no_change=args.alpha_no_change,
+        margins=args.margin,
+        allow_mismatch=args.allow_mismatch,
+    )
+    for line in compare.lines(compared, old=args.old, new=args.new, margins=args.margin):
+        print(line, file=out)
+    return EXIT_REGRESSION if compared.failed else EXIT_OK
 
 
 def run_report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -169,10 +377,11 @@ def main(
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help/--version exit 0, usage errors exit 2
         return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
+    command = {"report": run_report, "compare": run_compare, "init": run_init}[args.command]
     try:
-        return run_report(args, out, err)
-    except (SpecdecodeError, ValueError) as exc:  # bad history, no matplotlib, bad picture
-        print(f"{PROG} report: error: {exc}", file=err)
+        return command(args, out, err)
+    except (SpecdecodeError, ValueError) as exc:  # bad input file, no matplotlib, bad picture
+        print(f"{PROG} {args.command}: error: {exc}", file=err)
         return EXIT_USAGE
 
 

@@ -58,6 +58,7 @@ from pytest_specdecode.profiles.values import did_you_mean as _did_you_mean
 from pytest_specdecode.profiles.values import fail as _fail
 from pytest_specdecode.profiles.values import string as _string
 from pytest_specdecode.profiles.values import strings as _strings
+from pytest_specdecode.workloads import builtin_overrides
 
 # tomllib is stdlib from 3.11; the package depends on tomli for 3.10. Imported by name so the
 # type checker (configured for 3.10) does not need tomli installed.
@@ -191,17 +192,17 @@ class _Loader:
                 built = self._build(name, defaults, own, overlays.get(each, {}), each)
                 if each == target:
                     chosen[name] = built
+        workloads = {
+            name: MappingProxyType(dict(table))
+            for name, table in self._tables("workloads", "workload").items()
+        }
+        self.warnings.extend(builtin_overrides(workloads, self.file))
         return ProfileFile(
             path=self.path,
             profiles=MappingProxyType(chosen),
             targets=targets,
             env_sets=MappingProxyType(dict(self.env_sets)),
-            workloads=MappingProxyType(
-                {
-                    name: MappingProxyType(dict(table))
-                    for name, table in self._tables("workloads", "workload").items()
-                }
-            ),
+            workloads=MappingProxyType(workloads),
             warnings=tuple(dict.fromkeys(self.warnings)),
             target=target,
             hosts=MappingProxyType(dict(self.hosts)),

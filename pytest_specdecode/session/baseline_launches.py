@@ -58,6 +58,47 @@ def launches_for(settings: Settings, launch_varies: bool) -> int:
     return DEFAULT_BASELINE_LAUNCHES if launch_varies else 1
 
 
+def planned_launches(profile: ServerProfile, settings_launches: int | None) -> int:
+    """Launches a baseline of ``profile`` will be recorded over, known before any server runs:
+    :func:`launches_for` with "launches vary" judged from the profile (a real server, or the
+    simulator given ``--sim-launch-cv``) rather than from the running server's answer."""
+    if settings_launches is not None:
+        return settings_launches
+    varies = not profile.simulated or any(
+        arg.startswith("--sim-launch-cv") for arg in profile.extra_args
+    )
+    return DEFAULT_BASELINE_LAUNCHES if varies else 1
+
+
+def baseline_cost(profiles: Sequence[ServerProfile], settings_launches: int | None) -> str:
+    """What recording the baselines of ``profiles`` costs in launches and loading, e.g.
+    ``12 server launches (3 per profile x 4 profiles), each loading within its startup_timeout
+    (1800 s): up to 6.0 h of loading, plus the runs``: the timeout is a bound, not a load
+    measured."""
+    counts = [planned_launches(profile, settings_launches) for profile in profiles]
+    total = sum(counts)
+    if len(set(counts)) <= 1:
+        plural = "s" if len(counts) != 1 else ""
+        each = f"{counts[0] if counts else 0} per profile x {len(counts)} profile{plural}"
+    else:
+        each = ", ".join(f"{n} x {p.name}" for p, n in zip(profiles, counts, strict=True))
+    timeouts = sorted({profile.startup_timeout for profile in profiles})
+    bound = f"{timeouts[0]:g} s" if len(timeouts) == 1 else "its own"
+    seconds = sum(n * p.startup_timeout for p, n in zip(profiles, counts, strict=True))
+    return (
+        f"{total} server launch{'es' if total != 1 else ''} ({each}), each loading within its "
+        f"startup_timeout ({bound}): up to {_duration(seconds)} of loading, plus the runs"
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def recording_outcome(
     settings: Settings, samples: Mapping[str, list[float]], launch_runs: Sequence[int] = ()
 ) -> tuple[Outcome, str]:

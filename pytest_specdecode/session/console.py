@@ -14,6 +14,7 @@ from pytest_specdecode.net import is_local_host
 from pytest_specdecode.outputs import terminal
 from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.servers.readiness import Progress
+from pytest_specdecode.session.baseline_launches import baseline_cost
 
 if TYPE_CHECKING:
     from pytest_specdecode.profiles.profile import ServerProfile
@@ -35,6 +36,10 @@ def header_lines(session: SpecdecodeSession) -> list[str]:
         lines.extend(f"specdecode: {line}" for line in attached_lines(session))
     if settings.update_baselines:
         lines.append("specdecode: --update-baselines: measured runs become the new baselines")
+        if not settings.server_host:  # an attached server is measured as it is, not launched
+            profiles = list(session.profiles().profiles.values())
+            cost = baseline_cost(profiles, settings.baseline_launches)
+            lines.append(f"specdecode: recording cost if every profile is selected: {cost}")
     lines.extend(f"specdecode: warning: {warning}" for warning in session.warnings)
     return lines
 

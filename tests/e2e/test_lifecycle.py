@@ -62,6 +62,7 @@ requests_per_run = 2
 warmup_requests = 1
 
 [workloads.default]
+base = "default"  # replaces the built-in default for the tests that name no workload
 prompt_set = "mixed"
 max_new_tokens = 64
 concurrency = 1

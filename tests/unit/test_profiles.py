@@ -199,20 +199,36 @@ def test_example_docker_target_runs_the_image_with_the_models_mounted() -> None:
     assert p.python is None
 
 
-def test_example_seed_workload_is_raw_data_the_workloads_module_accepts() -> None:
-    from pytest_specdecode.workloads import resolve_workload
+def test_example_suite_sends_the_builtin_seed_workload_and_replaces_no_builtin() -> None:
+    from pytest_specdecode.workloads import BUILTIN_WORKLOADS, resolve_workload
 
     loaded = load_profiles(EXAMPLE)
 
-    assert dict(loaded.workloads["seed"]) == {
-        "prompt_set": "mixed",
-        "max_new_tokens": 500,
-        "concurrency": 1,
-        "requests_per_run": 4,
-        "warmup_requests": 2,
-    }
+    assert set(loaded.workloads) & set(BUILTIN_WORKLOADS) == set()
+    assert not any("replaces the built-in workload" in w for w in loaded.warnings)
     workload = resolve_workload("seed", loaded.workloads, source=str(EXAMPLE))
-    assert workload.max_new_tokens == 500
+    assert (workload.max_new_tokens, workload.requests_per_run) == (500, 4)
+    assert workload.source == "built-in"
+
+
+def test_a_workload_table_named_like_a_builtin_warns_naming_file_name_and_builtin(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "specdecode.toml"
+    path.write_text(
+        '[profiles.p]\nmodel_path = "/m"\n'
+        "[workloads.seed]\nrequests_per_run = 1\n"
+        '[workloads.default]\nbase = "default"\nmax_new_tokens = 64\n'
+        "[workloads.mine]\nmax_new_tokens = 64\n"
+    )
+
+    warnings = [w for w in load_profiles(path).warnings if "built-in workload" in w]
+
+    assert warnings == [
+        f"{path} [workloads.seed] replaces the built-in workload 'seed' (mixed prompts, 500 new "
+        "tokens, 4 requests per run, concurrency 1) for every test that names it; rename the "
+        'table to keep both, or write base = "seed" in it to say the replacement is meant'
+    ]
 
 
 def test_example_profiles_are_accepted_by_the_simulators_sglang_parser() -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -13,8 +15,10 @@ from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.workloads import (
     APIS,
     BUILTIN_WORKLOADS,
+    DEFAULT_WORKLOAD,
     PROMPT_KINDS,
     PROMPT_SETS,
+    WORKLOAD_KEYS,
     Prompt,
     Workload,
     load_prompt_set,
@@ -187,7 +191,7 @@ def test_builtin_workloads_match_their_descriptions() -> None:
 
     assert (default.prompt_set, default.max_new_tokens, default.concurrency) == ("mixed", 256, 1)
     assert default.requests_per_run == 4
-    assert (seed.max_new_tokens, seed.requests_per_run, seed.concurrency) == (500, 1, 1)
+    assert (seed.max_new_tokens, seed.requests_per_run, seed.concurrency) == (500, 4, 1)
     assert (batch8.concurrency, batch8.requests_per_run) == (8, 8)
     for kind in PROMPT_KINDS:
         assert {prompt.kind for prompt in BUILTIN_WORKLOADS[kind].prompts} == {kind}
@@ -328,3 +332,22 @@ def test_a_spec_that_is_neither_name_nor_table_is_refused(spec: object) -> None:
 def test_a_file_entry_that_is_not_a_table_is_refused() -> None:
     with pytest.raises(ConfigError, match="workload 'mine' must be a table of settings"):
         resolve_workload("mine", {"mine": "fast"}, source=SOURCE)  # type: ignore[dict-item]
+
+
+def test_docs_workloads_md_lists_every_key_with_the_default_workloads_value() -> None:
+    """docs/workloads.md's key table: every key once, each default the built-in default's."""
+    text = (Path(__file__).parents[2] / "docs" / "workloads.md").read_text(encoding="utf-8")
+    table = text[text.index("| key | type | default | meaning |") :].split("\n\n")[0]
+    rows = {
+        match.group(1): match.group(2)
+        for match in re.finditer(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \|", table, re.MULTILINE)
+    }
+    assert list(rows) == list(WORKLOAD_KEYS)
+    default = BUILTIN_WORKLOADS["default"]
+    for key in WORKLOAD_KEYS:
+        if key in ("base", "prompts"):
+            continue
+        value = getattr(default, key)
+        shown = f'`"{value}"`' if isinstance(value, str) else f"`{str(value).lower()}`"
+        assert rows[key].strip() == shown, key
+    assert rows["base"].strip() == f'`"{DEFAULT_WORKLOAD}"`'
