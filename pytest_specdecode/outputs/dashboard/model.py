@@ -274,7 +274,8 @@ def _series(
         "test_id": row.test_id,
         "profile": row.profile,
         "hardware_key": row.hardware_key,
-        "algorithm": str(latest.get("algorithm") or "unknown"),
+        # null: no speculative decoding; absent: a line written before the field existed
+        "algorithm": str(latest.get("algorithm") or ("none" if "algorithm" in latest else "unknown")),
         "simulated": row.simulated,
         "status": row.status,
         "last_outcome": latest.get("outcome"),

@@ -221,6 +221,10 @@
         d.addEventListener("toggle", function () { if (d.open) fillSamples(d, series); });
         if (d.open) fillSamples(d, series);
       });
+      // a link to one night's runs (#runs=I) opens its <details>, as a click would
+      var asked = /(?:^#|&)runs=(\d+)/.exec(location.hash);
+      var details = asked && document.querySelector('details[data-i="' + asked[1] + '"]');
+      if (details) details.open = true;
     }
     // for the browser test and the benchmark: drawn, and how long until then
     document.body.setAttribute("data-rendered", "1");
