@@ -2,8 +2,9 @@
 
 Each line is a :func:`history_record`: when the session ran, on which commit and hardware, and
 per test that was measured or errored its outcome (for an error, its cause), the mean and 95% CI
-of every metric and its runs' values, and per check the ratio, its CI, the verdict and the baseline it was compared
-with (mean, run-to-run std when known, and the margin's threshold in the metric's unit). The
+of every metric and its runs' values, the configuration's speculative algorithm, and per check
+the ratio, its CI, the verdict and the baseline it was compared with (mean, run-to-run std when
+known, and the margin's threshold in the metric's unit). The
 layout is versioned (:data:`HISTORY_SCHEMA_VERSION`) and described by
 ``schemas/history.schema.json``.
 

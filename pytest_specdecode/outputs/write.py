@@ -54,7 +54,9 @@ def write_outputs(
         attempt("history", history_path, lambda: append_history(history_path, record))
     if settings.html is not None:
         html_dir = settings.html
-        attempt("dashboard", html_dir / "index.html", lambda: _dashboard(record, settings, html_dir))
+        attempt(
+            "dashboard", html_dir / "index.html", lambda: _dashboard(record, settings, html_dir)
+        )
     summary = markdown_summary(results)
     step_summary = env.get("GITHUB_STEP_SUMMARY")
     if step_summary:

@@ -30,7 +30,9 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 def rendered(page: Path, tmp_path: Path, fragment: str = "") -> str:
     """The DOM of ``page`` after Chromium ran its script (virtual time lets it finish)."""
     if not Path(CHROMIUM).exists():
-        pytest.fail("no Chromium: install Debian's (apt-get install -y chromium), as scripts/test does")
+        pytest.fail(
+            "no Chromium: install Debian's (apt-get install -y chromium), as scripts/test does"
+        )
     done = subprocess.run(
         [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--virtual-time-budget=10000",
          f"--user-data-dir={tmp_path / 'chromium-profile'}", "--dump-dom",
@@ -76,21 +78,24 @@ def test_forty_simulated_nights_with_a_drop_on_night_20_render_with_the_change_m
     assert row, "the series with the alarm is not marked on the overview"
     assert "ALARM" in row.group(0)
     spark = re.search(r'<svg class="spark".*?<path class="mean" d="([^"]*)"', row.group(0), re.S)
-    assert spark and points(spark.group(1)) == 40
+    assert spark
+    assert points(spark.group(1)) == 40
 
     (page,) = (site / "tests").glob("*.html")
     dom = rendered(page, tmp_path)
     tok_s = chart(dom, "tok_s")
     assert points(path_d(tok_s, "mean")) == 40  # every night's launch mean
     assert path_d(tok_s, "whisker").count("V") == 40  # and its interval
-    assert points(path_d(tok_s, "band")) >= 4 and points(path_d(tok_s, "threshold")) == 40
+    assert points(path_d(tok_s, "band")) >= 4
+    assert points(path_d(tok_s, "threshold")) == 40
     assert points(path_d(chart(dom, "accept_length"), "mean")) == 40
     change = re.search(r'<path class="m-change" data-x="(\d+)"', tok_s)
     assert change, "the drop is not marked on the tok/s chart"
     night = int(change.group(1)) + 1
     assert abs(night - 20) <= 1, night  # the detector's estimate of the first slower night
     section = re.search(r'<div class="change" data-x="\d+">(.*?)</div>', dom, re.S)
-    assert section and f"night {night} " in section.group(1)
+    assert section
+    assert f"night {night} " in section.group(1)
     if night == 20:  # what changed that night: the slowed simulator's environment variable
         assert "environment SPECDECODE_SIM_SLOWDOWN: (none) → set" in section.group(1)
     assert "(simulated)" in dom  # the charts' captions
@@ -139,11 +144,13 @@ def test_a_nightly_session_writes_the_dashboard_and_a_filter_changes_what_is_sho
     assert "showing 1 of 2 series" in filtered
     rows = re.findall(r'<tr class="series"[^>]*>', filtered)
     shown = [r for r in rows if "hidden" not in r]
-    assert len(shown) == 1 and 'data-profile="eagle3"' in shown[0]
+    assert len(shown) == 1
+    assert 'data-profile="eagle3"' in shown[0]
     by_algorithm = rendered(site / "index.html", tmp_path, "#algorithm=none")
     assert "showing 1 of 2 series" in by_algorithm
     shown = [r for r in re.findall(r'<tr class="series"[^>]*>', by_algorithm) if "hidden" not in r]
-    assert len(shown) == 1 and 'data-profile="nospec"' in shown[0]
+    assert len(shown) == 1
+    assert 'data-profile="nospec"' in shown[0]
 
     for page in (site / "tests").glob("*.html"):
         dom = rendered(page, tmp_path)

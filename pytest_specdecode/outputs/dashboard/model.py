@@ -21,6 +21,7 @@ What is drawn as a change and what is not:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -133,7 +134,7 @@ def _metric_columns(entries: Sequence[Entry], metric: str) -> dict[str, Any] | N
 
 def _gaps(xs: Sequence[int]) -> list[dict[str, Any]]:
     out = []
-    for a, b in zip(xs, xs[1:]):
+    for a, b in itertools.pairwise(xs):
         if b - a > 1:
             missing = b - a - 1
             out.append(
@@ -275,7 +276,9 @@ def _series(
         "profile": row.profile,
         "hardware_key": row.hardware_key,
         # null: no speculative decoding; absent: a line written before the field existed
-        "algorithm": str(latest.get("algorithm") or ("none" if "algorithm" in latest else "unknown")),
+        "algorithm": str(
+            latest.get("algorithm") or ("none" if "algorithm" in latest else "unknown")
+        ),
         "simulated": row.simulated,
         "status": row.status,
         "last_outcome": latest.get("outcome"),

@@ -212,7 +212,7 @@ def _nights_table(series: Mapping[str, Any]) -> str:
 
 
 def series_html(series: Mapping[str, Any], simulated: bool) -> str:
-    when = dict(zip(series["nights"]["x"], series["nights"]["when"]))
+    when = dict(zip(series["nights"]["x"], series["nights"]["when"], strict=False))
     notes = "".join(f'<p class="note">{_e(n)}</p>' for n in series["notes"])
     detector = "".join(
         f'<li class="det {_e(d["status"]).replace(" ", "-")}">{_e(d["metric"])}: '
@@ -235,10 +235,7 @@ def series_html(series: Mapping[str, Any], simulated: bool) -> str:
         + "\n<section><h2>Over the nights</h2><p class=legend>each night's launch mean with its "
         "95% interval; shaded: the baseline's mean ± its run-to-run SD; dashed: the margin line "
         "(where the check fails); red: a change the detector found; grey: a baseline "
-        "re-recorded; hatched: nights not run</p>"
-        + charts
-        + "</section>\n"
-        + _nights_table(series)
+        "re-recorded; hatched: nights not run</p>" + charts + "</section>\n" + _nights_table(series)
     )
     return _page(series["test_id"], body, depth=1, data=series)
 
