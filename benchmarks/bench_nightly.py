@@ -48,6 +48,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -456,12 +457,15 @@ def test_eagle3():
 """
 
 
-def end_to_end(nights: int, change_night: int, reference: int, launch_cv: float) -> int:
+def end_to_end(
+    nights: int, change_night: int, reference: int, launch_cv: float, keep: Path | None = None
+) -> int:
     """Nights through pytest and the simulated server, as a user's nightly job runs them: a
     baseline over 3 launches, then one launch a night (``--sim-launch-cv``), the history
     appended each night, a 10 % slower server (``SPECDECODE_SIM_SLOWDOWN``, fingerprint
     unchanged) from ``change_night`` on. Prints each night's verdict and the detector's state;
-    returns 0 when the alarm fired on or after the change and never before it."""
+    returns 0 when the alarm fired on or after the change and never before it. ``keep``: where
+    to copy the history file at the end (the dashboard's test data is made this way)."""
     work = Path(tempfile.mkdtemp(prefix="bench-nightly-e2e-"))
     (work / "specdecode.toml").write_text(E2E_PROFILES.replace("LAUNCH_CV", str(launch_cv)))
     (work / "test_nightly.py").write_text(E2E_TEST)
@@ -506,6 +510,10 @@ def end_to_end(nights: int, change_night: int, reference: int, launch_cv: float)
     headers = ["night", "change", "tok/s (sim)", "verdict", "exit", "detector", "CUSUM", "h"]
     print(tabulate(rows, headers=[*headers, "shift"], tablefmt="github"))
     held = first_alarm is not None and first_alarm >= change_night
+    if keep is not None:
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(history, keep)
+        print(f"history of {nights} simulated nights copied to {keep}")
     print(
         f"\nfirst alarm: night {first_alarm} ({time.monotonic() - started:.0f} s)"
         if first_alarm
@@ -536,13 +544,21 @@ def main() -> None:
     parser.add_argument("--e2e-change-night", type=int, default=9)
     parser.add_argument("--e2e-reference", type=int, default=6)
     parser.add_argument("--e2e-launch-cv", type=float, default=0.03)
+    parser.add_argument("--e2e-history", type=Path, metavar="PATH",
+                        help="copy the --e2e nights' history file here at the end")  # fmt: skip
     parser.add_argument("--measured", type=Path,
                         help="JSON list of measured launch means of one build: their log "
                         "deviations are resampled as launch effects")  # fmt: skip
     args = parser.parse_args()
     if args.e2e:
         raise SystemExit(
-            end_to_end(args.e2e, args.e2e_change_night, args.e2e_reference, args.e2e_launch_cv)
+            end_to_end(
+                args.e2e,
+                args.e2e_change_night,
+                args.e2e_reference,
+                args.e2e_launch_cv,
+                args.e2e_history,
+            )
         )
     scenarios = list(SCENARIOS)
     for text in args.scenario:

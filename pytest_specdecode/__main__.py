@@ -2,7 +2,8 @@
 
 ``report HISTORY`` prints the trend table of the nightly history (one row per test: sessions,
 recent outcomes, latest tok/s and accept length, status) and the flags raised by the persistence
-rule, and with ``--png`` draws the trend picture. Exit status:
+rule, with ``--png`` draws the trend picture and with ``--html DIR`` writes the static dashboard
+of the history. Exit status:
 
 * 0: the report was printed and no regression persists at the end of the history;
 * 1: at least one test has an ongoing persistent regression (``--persist`` sessions in a row);
@@ -220,6 +221,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("history", type=Path, metavar="HISTORY", help="the JSON-lines history")
     report.add_argument("--png", type=Path, metavar="PATH", help="also draw the trend picture")
     report.add_argument(
+        "--html",
+        type=Path,
+        metavar="DIR",
+        help=(
+            "also write the dashboard: a static site of the history in DIR (a new or empty "
+            "folder, or an earlier dashboard's), opened from disk: DIR/index.html"
+        ),
+    )
+    report.add_argument(
         "--size",
         type=_size,
         default=(1200, 800),
@@ -363,6 +373,11 @@ def run_report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(f"trend picture: {path} ({args.size[0]}x{args.size[1]} px)", file=out)
         else:
             print(f"trend picture: not drawn, no tests in {args.history}", file=err)
+    if args.html is not None:
+        from pytest_specdecode.outputs.dashboard.site import write_site
+
+        written = write_site(chosen, args.html, reference_nights=args.reference_nights)
+        print(f"dashboard: {written.describe()}", file=out)
     return EXIT_REGRESSION if table.regressed else EXIT_OK
 
 

@@ -430,6 +430,16 @@ OPTIONS: tuple[Option, ...] = (
         "PATH",
     ),
     Option(
+        "html",
+        "--specdecode-html",
+        "Write the dashboard, a static site of the nightly history (--specdecode-history, with "
+        "this session appended; this session alone without one), to DIR: a new or empty "
+        "folder, or an earlier dashboard's. Open DIR/index.html",
+        None,
+        _text,
+        "DIR",
+    ),
+    Option(
         "request_timeout",
         "--specdecode-request-timeout",
         "Seconds one measurement request may take",
@@ -462,7 +472,7 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
-PATH_OPTIONS = ("config", "baselines", "state_dir", "report", "history", "markdown")
+PATH_OPTIONS = ("config", "baselines", "state_dir", "report", "history", "markdown", "html")
 
 
 @dataclass(frozen=True)
@@ -492,6 +502,7 @@ class Settings:
     report: Path | None
     history: Path | None
     markdown: Path | None
+    html: Path | None
     request_timeout: float
     stall_timeout: float | None
     """Seconds of silence that make a server hung; ``None``: derived (client.StallBound)."""
@@ -617,7 +628,7 @@ def resolve(
             "config_source": config_source,
             **{
                 name: Path(values[name]) if values[name] else None
-                for name in ("report", "history", "markdown")
+                for name in ("report", "history", "markdown", "html")
             },
         }
     )

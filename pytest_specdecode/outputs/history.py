@@ -2,8 +2,9 @@
 
 Each line is a :func:`history_record`: when the session ran, on which commit and hardware, and
 per test that was measured or errored its outcome (for an error, its cause), the mean and 95% CI
-of every metric, and per check the ratio, its CI, the verdict and the baseline it was compared
-with (mean, run-to-run std when known, and the margin's threshold in the metric's unit). The
+of every metric and its runs' values, the configuration's speculative algorithm, and per check
+the ratio, its CI, the verdict and the baseline it was compared with (mean, run-to-run std when
+known, and the margin's threshold in the metric's unit). The
 layout is versioned (:data:`HISTORY_SCHEMA_VERSION`) and described by
 ``schemas/history.schema.json``.
 
@@ -117,10 +118,19 @@ def _test_record(result: SpecdecodeResult) -> dict[str, Any]:
         "host": result.host,
         "workload_hash": result.workload_hash,
         "fingerprint": result.fingerprint.digest,
+        # SGLang's speculative algorithm or llama.cpp's spec type: the dashboard filters by it
+        "algorithm": result.fingerprint.hard.get("speculative_algorithm")
+        or result.fingerprint.hard.get("speculative_type"),
         "server_version": result.server_version,
         "build": result.provenance.get("build"),
         "runs": result.runs,
         "metrics": metrics,
+        # each run's value (5 significant digits), for the dashboard's run-level view
+        "samples": {
+            name: [float(f"{value:.5g}") for value in values]
+            for name, values in result.samples.items()
+            if values
+        },
         "checks": [_check_record(c) for c in result.checks],
         "error": dataclasses.asdict(result.error) if result.error is not None else None,
         # the detector's state after this night: it lives with the history it is computed from

@@ -1,6 +1,6 @@
 """The session's machine-readable outputs, written once at the end by the process that owns
-the results (the xdist controller, or the only process): the JSON report, the history line, and
-the Markdown summary for people and CI pages.
+the results (the xdist controller, or the only process): the JSON report, the history line, the
+Markdown summary for people and CI pages, and the dashboard.
 
 One failing output never stops the others: each error is returned as a line for the terminal
 summary, and the caller makes the session fail.
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specdecode.errors import SpecdecodeError
-from pytest_specdecode.outputs.history import append_history, history_record
+from pytest_specdecode.outputs.history import append_history, history_record, read_history
 from pytest_specdecode.outputs.json_report import build_report, write_report
 from pytest_specdecode.outputs.markdown import markdown_summary, write_markdown
 from pytest_specdecode.result import SpecdecodeResult
@@ -48,14 +48,14 @@ def write_outputs(
         )
     if not results:
         return written, errors  # a history line or summary of nothing helps nobody
+    record = history_record(results, session_info=session_info)
     if settings.history is not None:
         history_path = settings.history
+        attempt("history", history_path, lambda: append_history(history_path, record))
+    if settings.html is not None:
+        html_dir = settings.html
         attempt(
-            "history",
-            history_path,
-            lambda: append_history(
-                history_path, history_record(results, session_info=session_info)
-            ),
+            "dashboard", html_dir / "index.html", lambda: _dashboard(record, settings, html_dir)
         )
     summary = markdown_summary(results)
     step_summary = env.get("GITHUB_STEP_SUMMARY")
@@ -73,3 +73,13 @@ def write_outputs(
             lambda: write_markdown(markdown_path, summary, append=False),
         )
     return written, errors
+
+
+def _dashboard(record: Mapping[str, Any], settings: Settings, directory: Path) -> None:
+    """The dashboard of the history with tonight appended, or of tonight alone without one."""
+    # imported here: a session that writes no dashboard does not load it
+    from pytest_specdecode.outputs.dashboard.site import write_site
+
+    path = settings.history
+    records = read_history(path) if path is not None and path.is_file() else [record]
+    write_site(records, directory, reference_nights=settings.reference_nights)
