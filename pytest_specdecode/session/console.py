@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pytest_specdecode.outputs import terminal
+from pytest_specdecode.profiles.values import counted
 from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.servers.readiness import Progress
 
@@ -33,7 +34,7 @@ def header_lines(session: SpecdecodeSession) -> list[str]:
         lines.append(f"specdecode: measuring the server at {shown} (attached)")
     if settings.update_baselines:
         lines.append("specdecode: --update-baselines: measured runs become the new baselines")
-    lines.extend(f"specdecode: warning: {warning}" for warning in session.warnings)
+    lines.extend(f"specdecode: warning: {warning}" for warning in counted(session.warnings))
     return lines
 
 
@@ -87,5 +88,5 @@ def summary_lines(session: SpecdecodeSession) -> list[str] | None:
     placement = session.placement_seen or session.placement_lines()
     lines.extend(f"placed on {line}" for line in placement)
     lines.extend(outputs)
-    lines.extend(f"warning: {warning}" for warning in session.warnings)
+    lines.extend(f"warning: {warning}" for warning in counted(session.warnings))
     return lines
