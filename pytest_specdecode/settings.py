@@ -268,7 +268,8 @@ OPTIONS: tuple[Option, ...] = (
         "alpha_no_change",
         "--specdecode-alpha-no-change",
         "For a negative margin, a FAIL must also be worse than the baseline itself at this "
-        "level: an unchanged build FAILs about this often at most (docs/statistics.md)",
+        "level: an unchanged build FAILs about this often at most; a tenth of it once 10 nights "
+        "of history exist (docs/statistics.md)",
         0.01,
         _probability,
         "ALPHA",
