@@ -38,7 +38,7 @@ from pytest_specdecode.session.collection import (
 from pytest_specdecode.session.orchestrator import SpecdecodeSession, SpecdecodeTest
 from pytest_specdecode.session.outcomes import record_error, verdict_action
 from pytest_specdecode.session.worker_relay import Inbox, Outbox
-from pytest_specdecode.settings import OPTIONS, Settings, resolve
+from pytest_specdecode.settings import OPTIONS, Settings, resolve, unknown_env_warnings
 
 SESSION_KEY = pytest.StashKey[SpecdecodeSession]()
 PLANNED_KEY = pytest.StashKey[Planned]()  # a specdecode test's marker, profile and test id
@@ -142,6 +142,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(_LateFailures(config), "specdecode-late-failures")
+    session.warnings.extend(unknown_env_warnings(os.environ))  # a misspelled variable
     start.read_earlier_nights(session)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(session), "specdecode-xdist")

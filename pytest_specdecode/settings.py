@@ -10,6 +10,7 @@ and what is allowed.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -276,7 +277,8 @@ OPTIONS: tuple[Option, ...] = (
         "skip_preflight",
         "--specdecode-skip-preflight",
         "Launch SGLang without first checking the command with its own argument parser "
-        "(a few seconds per launch, in the server's interpreter)",
+        "(the check runs in the server's interpreter before the load and took 20-29 s per "
+        "launch on SGLang 0.5.15, most of it the import of SGLang's server arguments)",
         False,
         _bool,
         is_flag=True,
@@ -338,7 +340,8 @@ OPTIONS: tuple[Option, ...] = (
         "alpha_no_change",
         "--specdecode-alpha-no-change",
         "For a negative margin, a FAIL must also be worse than the baseline itself at this "
-        "level: an unchanged build FAILs about this often at most (docs/statistics.md)",
+        "level: an unchanged build FAILs about this often at most; a tenth of it once 10 nights "
+        "of history exist (docs/statistics.md)",
         0.01,
         _probability,
         "ALPHA",
@@ -397,7 +400,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "state_dir",
         "--specdecode-state-dir",
-        "Where running servers are recorded for reuse (machine-wide)",
+        "Where running servers are recorded for reuse, machine-wide (default: "
+        "$XDG_CACHE_HOME/pytest-specdecode, else ~/.cache/pytest-specdecode)",
         None,
         _text,
         "DIR",
@@ -473,6 +477,74 @@ OPTIONS: tuple[Option, ...] = (
 
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
 PATH_OPTIONS = ("config", "baselines", "state_dir", "report", "history", "markdown", "html")
+
+ENV_PREFIX = "PYTEST_SPECDECODE_"
+OTHER_ENV_VARS: Mapping[str, str] = {
+    "PYTEST_SPECDECODE_CALIBRATION_CACHE": "where the sequential plans' calibrations are "
+    "cached (read by pytest_specdecode.stats.calibration_cache)",
+}
+"""``PYTEST_SPECDECODE_*`` variables read outside :data:`OPTIONS`; a test keeps this list in
+step with the package's sources, so a misspelling of one of them is warned about too."""
+
+
+def unknown_env_warnings(env: Mapping[str, str]) -> list[str]:
+    """One warning per ``PYTEST_SPECDECODE_*`` variable that nothing reads, naming the closest
+    known name: a misspelled variable would otherwise be ignored without a word. A variable of
+    an option that has none (``--update-baselines``) says to pass the flag instead."""
+    known = [o.env_var for o in OPTIONS if o.env] + list(OTHER_ENV_VARS)
+    flag_only = {o.env_var: o for o in OPTIONS if not o.env}
+    found = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in known:
+            continue
+        if name in flag_only:
+            found.append(
+                f"environment variable {name} is ignored: {flag_only[name].flag} has no "
+                "environment variable (pass the flag on the command line)"
+            )
+            continue
+        # Compared without the shared prefix, which would make every name look close.
+        close = difflib.get_close_matches(
+            name.removeprefix(ENV_PREFIX), [k.removeprefix(ENV_PREFIX) for k in known], n=1
+        )
+        hint = f"; did you mean {ENV_PREFIX}{close[0]}?" if close else ""
+        found.append(
+            f"environment variable {name} is not a pytest-specdecode setting and is "
+            f"ignored{hint} (the settings: `pytest --help`, README's options table)"
+        )
+    return found
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def options_table() -> str:
+    """README's options table, generated from :data:`OPTIONS` (``scripts/gen-options-table.py``
+    writes it; a unit test fails when README's copy differs), so a flag's ini key, environment
+    variable and default in the README are the ones the plugin reads."""
+    lines = [
+        "| option | ini key | environment variable | default | what |",
+        "|---|---|---|---|---|",
+    ]
+    for option in OPTIONS:
+        flag = option.flag if option.is_flag else f"{option.flag} {option.metavar}"
+        default = "" if option.default in (None, False) else f"`{option.default}`"
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(cell)
+                for cell in (
+                    f"`{flag}`",
+                    f"`{option.ini_key}`" if option.ini else "—",
+                    f"`{option.env_var}`" if option.env else "—",
+                    default,
+                    option.help,
+                )
+            )
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True)

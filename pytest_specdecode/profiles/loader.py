@@ -54,6 +54,7 @@ from pytest_specdecode.profiles.profile import (
 )
 from pytest_specdecode.profiles.sglang_env import sglang_env_warnings
 from pytest_specdecode.profiles.values import check_keys as _check_keys
+from pytest_specdecode.profiles.values import counted as _counted
 from pytest_specdecode.profiles.values import did_you_mean as _did_you_mean
 from pytest_specdecode.profiles.values import fail as _fail
 from pytest_specdecode.profiles.values import string as _string
@@ -203,7 +204,7 @@ class _Loader:
             targets=targets,
             env_sets=MappingProxyType(dict(self.env_sets)),
             workloads=MappingProxyType(workloads),
-            warnings=tuple(dict.fromkeys(self.warnings)),
+            warnings=_counted(self.warnings),
             target=target,
             hosts=MappingProxyType(dict(self.hosts)),
         )
@@ -450,7 +451,7 @@ class _Loader:
             if "image" not in merged:
                 raise ConfigError(
                     f'launcher "{launcher}" needs image = "..." '
-                    '(e.g. "lmsysorg/sglang:v0.5.5.post2")',
+                    '(e.g. "lmsysorg/sglang:v0.5.15-cu129")',
                     source=where,
                 )
             docker = DockerOptions(
@@ -503,7 +504,13 @@ class _Loader:
             source=where,
             hosts=hosts if kind.placed_on_hosts else (),
         )
-        self.warnings.extend(w for w in sglang_env_warnings(profile) if w not in self.warnings)
+        # Where each variable was written: the last of the profile's sets that holds it wins.
+        origin = {
+            var: self.where(f"env.{set_name}")
+            for set_name in env_sets
+            for var in self.env_sets[set_name]
+        }
+        self.warnings.extend(sglang_env_warnings(profile, origin))
         return profile
 
     def _build_llamacpp(

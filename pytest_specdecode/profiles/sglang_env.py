@@ -41,14 +41,22 @@ with ``allreduce:tree`` (0.5.6-0.5.23) and both channel counts with 8 (0.5.18 an
 ``SGLANG_DETERMINISTIC_NCCL_NCHANNELS``): two of the seed's six tuned variables."""
 
 
-def sglang_env_warnings(profile: ServerProfile) -> list[str]:
-    """What a profile's environment sets that SGLang will not run with, one line each."""
+def sglang_env_warnings(
+    profile: ServerProfile, env_origin: Mapping[str, str] | None = None
+) -> list[str]:
+    """What a profile's environment sets that SGLang will not run with, one line each.
+
+    ``env_origin`` names where each variable was written (``file [env.NAME]``): a variable that
+    is ineffective whatever the profile is then reported at that line, in the same words for
+    every profile and target that inherits it, so the loader can say it once."""
     warnings = []
     where = profile.source
+    origin = env_origin or {}
     for var, value in profile.env.items():
         if var in SGLANG_OVERWRITTEN_ENV:
             warnings.append(
-                f"{where}: {var} = {value!r} has no effect: {SGLANG_OVERWRITTEN_ENV[var]}"
+                f"{origin.get(var, where)}: {var} = {value!r} has no effect: "
+                f"{SGLANG_OVERWRITTEN_ENV[var]}"
             )
     flags = {flag for flag, _ in flag_groups(profile.extra_args)}
     for flag, forced in SGLANG_FLAG_FORCED_ENV.items():

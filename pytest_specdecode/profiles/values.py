@@ -37,6 +37,16 @@ def did_you_mean(word: str, choices: Sequence[str]) -> str:
     return f" (did you mean {hint[0]!r}?)" if hint else ""
 
 
+def counted(messages: Sequence[str]) -> tuple[str, ...]:
+    """Each distinct message once, in first-seen order, with ``(N times)`` after one that came
+    N > 1 times: one line of a profile file that every profile and target inherits is one warning,
+    not a screenful of identical ones."""
+    counts: dict[str, int] = {}
+    for message in messages:
+        counts[message] = counts.get(message, 0) + 1
+    return tuple(m if n == 1 else f"{m} ({n} times)" for m, n in counts.items())
+
+
 def check_keys(table: Mapping[str, Any], allowed: Sequence[str], where: str, *, what: str) -> None:
     for key in table:
         if key not in allowed:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from pytest_specdecode.backends import backend_for
 from pytest_specdecode.net import is_local_host
 from pytest_specdecode.outputs import terminal
+from pytest_specdecode.profiles.values import counted
 from pytest_specdecode.redaction import redact_url
 from pytest_specdecode.servers.readiness import Progress
 from pytest_specdecode.session.baseline_launches import baseline_cost
@@ -40,7 +41,7 @@ def header_lines(session: SpecdecodeSession) -> list[str]:
             profiles = list(session.profiles().profiles.values())
             cost = baseline_cost(profiles, settings.baseline_launches)
             lines.append(f"specdecode: recording cost if every profile is selected: {cost}")
-    lines.extend(f"specdecode: warning: {warning}" for warning in session.warnings)
+    lines.extend(f"specdecode: warning: {warning}" for warning in counted(session.warnings))
     return lines
 
 
@@ -143,5 +144,5 @@ def summary_lines(session: SpecdecodeSession) -> list[str] | None:
     placement = session.placement_seen or session.placement_lines()
     lines.extend(f"placed on {line}" for line in placement)
     lines.extend(outputs)
-    lines.extend(f"warning: {warning}" for warning in session.warnings)
+    lines.extend(f"warning: {warning}" for warning in counted(session.warnings))
     return lines

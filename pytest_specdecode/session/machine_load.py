@@ -284,7 +284,7 @@ def load_warning(current: MachineLoad, baseline: MachineLoad | None, label: str)
         f"{baseline.describe()} when it was recorded. A busy CPU slows the client and the "
         "server's CPU side (0.25-0.5% of tok/s per runnable task per CPU, measured on a 2-core "
         f"box); {effect}. Measure on a quieter machine, or re-record the baseline on one "
-        "(see 'Machine load' in the README)."
+        "(see 'Machine load' in docs/guide.md)."
     )
 
 
@@ -322,5 +322,5 @@ def recording_warning(current: MachineLoad | None) -> str | None:
         f"this baseline was recorded on a busy machine ({current.describe()}: tasks waited for "
         "a CPU), so its tok/s may read low and hide a later slowdown; runs on a quieter machine "
         "will warn that the loads differ. Record it again on a quieter machine if you can "
-        "(see 'Machine load' in the README)."
+        "(see 'Machine load' in docs/guide.md)."
     )

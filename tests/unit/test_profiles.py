@@ -183,7 +183,7 @@ def test_example_docker_target_runs_the_image_with_the_models_mounted() -> None:
 
     assert p.launcher == "docker"
     assert p.docker is not None
-    assert p.docker.image == "lmsysorg/sglang:v0.5.5.post2"
+    assert p.docker.image == "lmsysorg/sglang:v0.5.15-cu129"
     assert (p.docker.shm_size, p.docker.network) == ("32g", "host")
     hf_cache = os.path.expanduser("~/.cache/huggingface")
     assert dict(p.docker.volumes) == {
@@ -330,7 +330,7 @@ def test_warnings_are_returned_not_printed(
 
     assert len(loaded.warnings) == 2
     connections, loading = loaded.warnings
-    assert "[profiles.p]" in connections
+    assert "[env.conn]" in connections  # the line that set it, not each profile using it
     assert "CUDA_DEVICE_MAX_CONNECTIONS = '1' has no effect" in connections
     assert "always set it to 8" in connections
     assert "CUDA_MODULE_LOADING = 'LAZY' has no effect" in loading
@@ -894,7 +894,7 @@ def test_docker_and_sglang_differ_only_in_soft_fields() -> None:
     diff = sglang.diff(docker)
     assert diff.comparable
     assert {d.name for d in diff.soft} == {"launcher"}  # python and image: absent on one side
-    assert docker.soft["image"] == "lmsysorg/sglang:v0.5.5.post2"
+    assert docker.soft["image"] == "lmsysorg/sglang:v0.5.15-cu129"
     assert sglang.soft["python"] == sys.executable
 
 
@@ -1111,3 +1111,21 @@ def test_server_module_errors(tmp_path, table, message):
     path.write_text(f'[profiles.x]\nmodel_path = "/m"\n{table}\n')
     with pytest.raises(ConfigError, match=message):
         load_profiles(path)
+
+
+def test_one_ineffective_line_inherited_by_every_profile_and_target_is_one_counted_warning(
+    tmp_path: Path,
+) -> None:
+    # #25: one such line used to print a warning per profile and target, identical but for
+    # the profile's name; it is reported at the line that set it, once, with a count.
+    loaded = load(
+        tmp_path,
+        '[env.tuned]\nNCCL_PROTO = "LL"\nCUDA_DEVICE_MAX_CONNECTIONS = "1"\n'
+        '[defaults]\nmodel_path = "/m"\nenv = "tuned"\n'
+        "[profiles.a]\n[profiles.b]\n"
+        '[targets.sim]\nlauncher = "sim"\n',
+    )
+
+    (warning,) = loaded.warnings
+    assert "[env.tuned]: CUDA_DEVICE_MAX_CONNECTIONS = '1' has no effect" in warning
+    assert warning.endswith("(4 times)")  # profiles a and b, each as itself and on the sim

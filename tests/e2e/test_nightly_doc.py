@@ -1,0 +1,209 @@
+"""docs/nightly-ci.md, run as printed (#25 item 2): the blocks marked ``<!-- nightly-step: NAME
+-->`` are read from the page, not copied here. The nightly script runs against the simulator
+(``TARGET=sim``: the profile file's ``[targets.sim]`` overlay) in a copy of the example suite
+with its committed baselines: green with every baseline, red with one missing. The workflow,
+the systemd units and the cron line are checked to run that script the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "nightly-ci.md"
+SCRIPT = "perf_tests/nightly.sh"
+CHECKOUT = "/srv/perf-repo"  # where the systemd and cron examples keep the checkout
+STEP = re.compile(r"^<!-- nightly-step: (\S+) -->\n```[a-z]*\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def nightly_steps() -> dict[str, str]:
+    steps: dict[str, str] = dict(STEP.findall(DOC.read_text(encoding="utf-8")))
+    assert set(steps) == {
+        SCRIPT,
+        ".github/workflows/nightly-perf.yml",
+        "/etc/systemd/system/specdecode-nightly.service",
+        "/etc/systemd/system/specdecode-nightly.timer",
+        "crontab",
+    }, "docs/nightly-ci.md lost or renamed a <!-- nightly-step: NAME --> block"
+    return steps
+
+
+def example_checkout(tmp_path: Path) -> Path:
+    """The example suite and its committed (simulated) baselines, with the page's script."""
+    repo = tmp_path / "repo"
+    (repo / "perf_tests").mkdir(parents=True)
+    for name in ("specdecode.toml", "test_seed.py"):
+        shutil.copy(REPO / "perf_tests" / name, repo / "perf_tests" / name)
+    shutil.copytree(REPO / "baselines", repo / "baselines")
+    script = repo / SCRIPT
+    script.write_text(nightly_steps()[SCRIPT])
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return repo
+
+
+def night(repo: Path, tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    """The script as the schedulers start it, in a clean environment but for the variables the
+    page sets (and PYTHONPATH, so a checkout's plugin is the one tested)."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("PYTEST_", "SPECDECODE_SIM_", "GITHUB_"))
+    }
+    env.update(
+        PYTEST_SPECDECODE_STATE_DIR=str(tmp_path / "state"),
+        PYTHON=sys.executable,
+        TARGET="sim",
+        OUT=str(tmp_path / "out"),
+        HISTORY=str(tmp_path / "var" / "history.jsonl"),
+        MARKERS="nospec",  # one profile of the four: the night's shape, a quarter of the time
+    )
+    env.update(extra)
+    calibrations = os.environ.get("PYTEST_SPECDECODE_CALIBRATION_CACHE")
+    if calibrations:
+        env["PYTEST_SPECDECODE_CALIBRATION_CACHE"] = calibrations
+    return subprocess.run(
+        [str(repo / SCRIPT)],
+        cwd=tmp_path,  # the script finds the repository itself, as systemd and cron start it
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_the_documented_night_passes_with_baselines_and_fails_without_one(tmp_path: Path) -> None:
+    repo = example_checkout(tmp_path)
+    out, history = tmp_path / "out", tmp_path / "var" / "history.jsonl"
+
+    green = night(repo, tmp_path)
+
+    assert green.returncode == 0, green.stdout + green.stderr
+    assert "SIMULATED" in green.stdout
+    for name in ("junit.xml", "report.json", "summary.md", "benchmark.json", "trend.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "trend-status").read_text().strip() == "0"
+    assert "test_no_speculation_nccl_tuned" in (out / "trend.txt").read_text()
+    assert len(history.read_text().splitlines()) == 1
+
+    missing = repo / "baselines/simulated/perf_tests/test_seed/test_no_speculation_nccl_tuned.json"
+    missing.unlink()
+    red = night(repo, tmp_path)
+
+    assert red.returncode == 1, red.stdout + red.stderr
+    assert "1 failed" in red.stdout
+    assert str(missing) in red.stdout  # the failure names the file it expected
+    assert 'failures="1"' in (out / "junit.xml").read_text()
+    assert len(history.read_text().splitlines()) == 2  # a red night is still a night of history
+
+
+def test_the_real_target_refuses_an_interpreter_without_sglang(tmp_path: Path) -> None:
+    # The old page's workflow made a fresh venv: no SGLang there, every launch would fail.
+    repo = example_checkout(tmp_path)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", tmp_path / "fresh"], check=True)
+
+    result = night(repo, tmp_path, TARGET="real", SGLANG_PYTHON=str(tmp_path / "fresh/bin/python"))
+
+    assert result.returncode == 2
+    assert f"nightly: no SGLang in {tmp_path / 'fresh/bin/python'}" in result.stderr
+    assert not (tmp_path / "out" / "junit.xml").exists()  # stopped before pytest
+
+
+def test_the_workflow_runs_the_script_with_an_interpreter_that_has_sglang(tmp_path: Path) -> None:
+    workflow = yaml.safe_load(nightly_steps()[".github/workflows/nightly-perf.yml"])
+    job = workflow["jobs"]["perf"]
+    steps = job["steps"]
+    runs = [step["run"] for step in steps if "run" in step]
+
+    assert job["env"]["TARGET"] == "real"
+    assert job["env"]["PYTHON"].startswith("/")  # an installed venv, not a fresh .venv
+    assert [step for step in steps if step.get("run", "").strip() == SCRIPT]
+    install = next(run for run in runs if "pip install" in run)
+    assert install.strip().startswith('"$PYTHON" -m pip install')  # the plugin joins SGLang's venv
+    for index, run in enumerate(runs):
+        path = tmp_path / f"step{index}.sh"
+        path.write_text(run)
+        check = subprocess.run(["bash", "-n", path], capture_output=True, text=True, check=False)
+        assert check.returncode == 0, (run, check.stderr)
+
+
+def unit_entries(text: str) -> dict[str, dict[str, list[str]]]:
+    """A systemd unit file's sections and their ``key=value`` entries (keys may repeat)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        key, sep, value = line.partition("=")
+        assert current is not None, f"{line!r} before any [Section]"
+        assert sep, f"{line!r} is not key=value"
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def environment(entries: list[str]) -> dict[str, str]:
+    return dict(entry.split("=", 1) for entry in entries)
+
+
+def test_the_systemd_units_and_the_cron_line_run_the_same_script_the_same_way(
+    tmp_path: Path,
+) -> None:
+    steps = nightly_steps()
+    service_path = "/etc/systemd/system/specdecode-nightly.service"
+    timer_path = "/etc/systemd/system/specdecode-nightly.timer"
+    service = unit_entries(steps[service_path])
+    timer = unit_entries(steps[timer_path])
+
+    assert service["Service"]["ExecStart"] == [f"{CHECKOUT}/{SCRIPT}"]
+    assert service["Service"]["WorkingDirectory"] == [CHECKOUT]
+    assert service["Service"]["Type"] == ["oneshot"]
+    env = environment(service["Service"]["Environment"])
+    assert env["TARGET"] == "real"
+    # The timer starts the service of its own name, every night, and is enabled by timers.target.
+    assert "Unit" not in timer["Timer"]
+    assert Path(timer_path).stem == Path(service_path).stem
+    assert timer["Timer"]["OnCalendar"]
+    assert timer["Install"]["WantedBy"] == ["timers.target"]
+
+    # The cron line: five time fields, then the script with the service's variables.
+    (cron,) = [line for line in steps["crontab"].splitlines() if line.strip()]
+    fields = cron.split(None, 5)
+    assert len(fields) == 6
+    command = shlex.split(fields[5].replace("&&", " && "))
+    assert f"cd {CHECKOUT}" in fields[5]
+    assert SCRIPT in command
+    cron_env = dict(word.split("=", 1) for word in command if re.match(r"^[A-Z_]+=", word))
+    assert cron_env == env
+
+    workflow = yaml.safe_load(steps[".github/workflows/nightly-perf.yml"])
+    assert workflow["jobs"]["perf"]["env"]["PYTHON"] == env["PYTHON"]
+
+    analyze = shutil.which("systemd-analyze")
+    if analyze is not None:
+        # systemd's own check, with the checkout where this test made one.
+        repo = example_checkout(tmp_path)
+        units = tmp_path / "units"
+        units.mkdir()
+        for path in (service_path, timer_path):
+            (units / Path(path).name).write_text(steps[path].replace(CHECKOUT, str(repo)))
+        verify = subprocess.run(
+            [analyze, "verify", *(str(p) for p in sorted(units.iterdir()))],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert verify.returncode == 0, verify.stderr
+        assert "specdecode-nightly" not in verify.stderr, verify.stderr  # no warning about ours
