@@ -36,7 +36,7 @@ from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.fingerprint import FieldDifference, Fingerprint
 from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.outputs import terminal
-from pytest_specdecode.outputs.json_report import REPORT_KIND, REPORT_SCHEMA_VERSION
+from pytest_specdecode.outputs.json_report import DERIVED_KEYS, REPORT_KIND, REPORT_SCHEMA_VERSION
 from pytest_specdecode.result import Outcome, SpecdecodeResult, TestError
 from pytest_specdecode.verdict import BaselineRef, Threshold, check_json, evaluate, message
 from pytest_specdecode.verdict import outcome_of as verdict_outcome
@@ -50,6 +50,9 @@ FAILING = (Outcome.FAIL, Outcome.MISMATCH, Outcome.ERROR)
 
 Key = tuple[str, str]
 """(test id, profile): how the two sides' tests are matched."""
+
+_DERIVED_KEYS = frozenset(DERIVED_KEYS)
+"""What the report adds to ``SpecdecodeResult.to_json()``: read back, they are left out."""
 
 
 class CompareError(ConfigError):
@@ -185,7 +188,7 @@ def _report_tests(data: Mapping[str, Any], path: Path) -> list[SavedTest]:
     for index, entry in enumerate(entries):
         where = f"{path} tests[{index}]"
         try:
-            values = {k: v for k, v in entry.items() if k not in ("runs", "summary")}
+            values = {k: v for k, v in entry.items() if k not in _DERIVED_KEYS}
             result = SpecdecodeResult.from_json(values)
             tests.append(_from_result(result, str(path)))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:

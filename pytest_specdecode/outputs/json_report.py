@@ -250,6 +250,10 @@ def bench_serving_block(result: SpecdecodeResult) -> dict[str, Any]:
     return block
 
 
+DERIVED_KEYS = ("runs", "summary", "bench_serving")
+"""The keys :func:`report_entry` adds to ``SpecdecodeResult.to_json()`` (computed from it)."""
+
+
 def report_entry(result: SpecdecodeResult) -> dict[str, Any]:
     """One test of the report: ``SpecdecodeResult.to_json()`` plus ``runs``, ``summary`` and
     ``bench_serving`` (the same figures under SGLang bench_serving's names and units)."""
