@@ -182,7 +182,7 @@ def measure_cell(speed: float, concurrency: int, runs: int, tokens: int, log_dir
                 if record.server_e2e_latency is not None:
                     overheads.append(record.e2e - record.server_e2e_latency)
                     latencies.append(record.server_e2e_latency)
-        lag = float(str(client.server_info().get("sim_engine_max_lag_seconds", "nan")))
+        lag = float(str(client.get("/server_info").json().get("sim_engine_max_lag_seconds", "nan")))
     return Cell(
         speed=speed,
         concurrency=concurrency,
