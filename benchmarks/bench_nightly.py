@@ -38,8 +38,13 @@ Delays count nights from the change (1 = flagged on the first changed night); ">
 flagged by the cap in at least that share of trials. Monte Carlo error: +-sqrt(p(1-p)/trials) on
 rates (printed), and the order-statistic interval on the 95th percentile (printed as a range).
 
+Scenarios: launch CV 3 % and 5 % at run CV 3 %, and the noise measured on one H200 at TP 1
+(``tests/contract/data/h200_noise.json``, read at run time: the launch CV beyond the runs and the
+pooled run CV of "measured H200 TP1 (EAGLE3 2-step)", 1.22 % and 0.77 % when written, and of
+"(no speculation)", 0.75 % and 0.63 %, the latter not under ``--ci``).
+
     python benchmarks/bench_nightly.py [--trials 200] [--seed 1] [--ci]
-        [--scenario NAME=LAUNCH_CV,RUN_CV] [--measured launch_means.json]
+        [--scenario NAME=LAUNCH_CV,RUN_CV] [--measured launch_means.json] [--only NAME]
 """
 
 from __future__ import annotations
@@ -108,12 +113,14 @@ START = datetime(2026, 1, 1, 3, 0, tzinfo=timezone.utc)
 class Scenario:
     """The noise of one box. ``launch_effects`` (log deviations of measured launch means from
     their mean) replaces the lognormal launch effect by resampling: the hook for measured GPU
-    noise (``--measured``)."""
+    noise (``--measured``). ``measured_run_cv``: the run CV is a measurement, kept in the
+    first-night table too (which otherwise puts every box at the seed's 4 %)."""
 
     name: str
     launch_cv: float
     run_cv: float
     launch_effects: tuple[float, ...] = ()
+    measured_run_cv: bool = False
 
     def launches(self, rng: np.random.Generator, k: int, r: int) -> np.ndarray:
         if self.launch_effects:
@@ -125,6 +132,22 @@ class Scenario:
 
 
 SCENARIOS = (Scenario("launch CV 3%", 0.03, 0.03), Scenario("launch CV 5%", 0.05, 0.03))
+#: Run and launch noise of a GPU-bound SGLang server measured on one H200 at TP 1 (the contract
+#: file the simulator's noise presets are held to; docs/gpu-smoke-2026-12-03/ has the evidence).
+H200_NOISE = Path(__file__).resolve().parents[1] / "tests" / "contract" / "data" / "h200_noise.json"
+MEASURED_H200 = {"noise-eagle3-2": "EAGLE3 2-step", "noise-nospec": "no speculation"}
+
+
+def measured_h200(profile: str = "noise-eagle3-2") -> Scenario:
+    """The H200's noise for ``profile``, read from the contract file now: the launch CV beyond
+    what the runs explain (the launch effect) and the pooled run CV inside a launch."""
+    measured = json.loads(H200_NOISE.read_text(encoding="utf-8"))["profiles"][profile]
+    return Scenario(
+        f"measured H200 TP1 ({MEASURED_H200[profile]})",
+        float(measured["launch_cv_beyond_runs"]),
+        float(measured["run_cv_rms"]),
+        measured_run_cv=True,
+    )
 
 
 # --------------------------------------------------------------------------- a night's records
@@ -400,13 +423,15 @@ def run(
 
 def first_night(scenarios: Sequence[Scenario], trials: int, seed: int) -> list[list[str]]:
     """P(FAIL) on the first night after a baseline recording (no history), at the seed's run CV
-    4 %, with today's 2 df and with the stated prior (``launches.stated_prior``)."""
+    4 % (a measured scenario: its own), with today's 2 df and with the stated prior
+    (``launches.stated_prior``)."""
     plan = SequentialPlan(initial_runs=RUNS, max_runs=MAX_RUNS, alpha=ALPHA).for_baseline(
         BASELINE_LAUNCHES * BASELINE_RUNS
     )
     rows = []
     for scenario in scenarios:
-        seed_noise = Scenario(scenario.name, scenario.launch_cv, 0.04, scenario.launch_effects)
+        run_cv = scenario.run_cv if scenario.measured_run_cv else 0.04
+        seed_noise = Scenario(scenario.name, scenario.launch_cv, run_cv, scenario.launch_effects)
         for change in (0.0, -0.29):
             rng = np.random.default_rng([seed, 7, round(scenario.launch_cv * 1e4)])
             fails = {"today": 0, "stated prior": 0}
@@ -534,6 +559,9 @@ def main() -> None:
     parser.add_argument("--no-first-night", action="store_true")
     parser.add_argument("--scenario", action="append", default=[],
                         help="NAME=LAUNCH_CV,RUN_CV: another box's noise")  # fmt: skip
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="run only the scenarios of these names (e.g. 'measured H200 TP1 "
+                        "(EAGLE3 2-step)')")  # fmt: skip
     parser.add_argument(
         "--e2e",
         type=int,
@@ -560,7 +588,9 @@ def main() -> None:
                 args.e2e_history,
             )
         )
-    scenarios = list(SCENARIOS)
+    scenarios = [*SCENARIOS, measured_h200("noise-eagle3-2")]
+    if not args.ci:
+        scenarios.append(measured_h200("noise-nospec"))
     for text in args.scenario:
         name, _, numbers = text.partition("=")
         launch_cv, run_cv = (float(v) for v in numbers.split(","))
@@ -570,10 +600,17 @@ def main() -> None:
         effects = tuple(float(v) for v in means - means.mean())
         scenarios.append(Scenario(f"measured ({args.measured.name})", float(np.std(means)), 0.03,
                                   effects))  # fmt: skip
+    if args.only:
+        unknown = sorted(set(args.only) - {scenario.name for scenario in scenarios})
+        if unknown:
+            parser.error(f"--only {unknown}: no such scenario; there are "
+                         f"{[scenario.name for scenario in scenarios]}")  # fmt: skip
+        scenarios = [scenario for scenario in scenarios if scenario.name in args.only]
     trials, first_trials = (8, 40) if args.ci else (args.trials, args.first_night_trials)
     started = time.monotonic()
     print(
-        f"one launch of {RUNS}..{MAX_RUNS} runs a night, run CV 3%, margin {MARGIN:+.0%}, "
+        f"one launch of {RUNS}..{MAX_RUNS} runs a night, run CV 3% (measured scenarios: "
+        f"their own), margin {MARGIN:+.0%}, "
         f"baseline {BASELINE_LAUNCHES} launches x {BASELINE_RUNS} runs; detector: reference "
         f"{REFERENCE} nights, min change {CONFIG.min_change:.0%}, false alarms "
         f"{CONFIG.false_alarm:.1%} per {CONFIG.horizon} nights; {trials} trials per row\n"
@@ -591,7 +628,10 @@ def main() -> None:
         print(f"({time.monotonic() - started:.0f} s)")
         return
     first = first_night(scenarios, first_trials, args.seed)
-    print("first night after a baseline recording (3 launches x 60 runs, run CV 4 %, no history):")
+    print(
+        "first night after a baseline recording (3 launches x 60 runs, run CV 4 % or a measured "
+        "scenario's own, no history):"
+    )
     print(tabulate(first, headers=["scenario", "change", "FAIL today (2 df)",
                                    "FAIL with the stated prior"], tablefmt="github"))  # fmt: skip
     for k in (3, 6):

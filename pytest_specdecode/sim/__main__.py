@@ -60,6 +60,8 @@ def log_banner(server: SimServer) -> None:
         sim.noise_cv,
         sim.fault or "none",
     )
+    if sim.noise_choice is not None:
+        main_log.info("[simulated] %s", sim.noise_choice.describe())
     if sim.env_knobs:
         main_log.warning(
             "[simulated] injected from the environment (test knobs, not part of any profile): %s",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_specdecode import sglang_releases
-from pytest_specdecode.sim import versions
+from pytest_specdecode.sim import noise, versions
 from pytest_specdecode.sim.launch_script import take_launch_flags
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
@@ -143,6 +143,8 @@ class SimOptions:
     launch_cv: float = 0.0
     launch_seed: int = 0
     """With the sim seed, the seed of this launch's speed factor (random unless given)."""
+    noise_choice: noise.Noise | None = None
+    """How ``noise_cv`` and ``launch_cv`` were chosen (before the environment's knobs)."""
 
     @property
     def launch_factor(self) -> float:
@@ -280,8 +282,25 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
     sim.add_argument(
         "--sim-noise-cv",
         type=_non_negative_float,
-        default=0.03,
-        help="run-to-run noise: CV of each request's lognormal speed factor (default 0.03)",
+        default=None,
+        help=(
+            "run-to-run noise: CV of each request's lognormal speed factor (default: the noise "
+            f"preset's, else {noise.DEFAULT_RUN_CV:g})"
+        ),
+    )
+    sim.add_argument(
+        "--sim-noise-preset",
+        choices=[*noise.preset_names(), noise.NO_PRESET],
+        default=None,
+        metavar="NAME",
+        help=(
+            "run and launch noise measured on real hardware ([noise.*] of the sim's model.toml): "
+            f"{', '.join(noise.preset_names())}, or {noise.NO_PRESET}. Default: at tp "
+            f"{noise.load_presets().auto_tp_size} with CUDA graphs on and neither --sim-noise-cv "
+            "nor --sim-launch-cv given, the preset measured on one H200 at TP 1 nearest in "
+            "speculative steps; otherwise none. A --sim-noise-cv or --sim-launch-cv given wins "
+            "over the preset for its knob"
+        ),
     )
     sim.add_argument(
         "--sim-seed",
@@ -314,10 +333,10 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
     sim.add_argument(
         "--sim-launch-cv",
         type=_non_negative_float,
-        default=0.0,
+        default=None,
         help=(
             "launch-to-launch variance: CV of a lognormal speed factor drawn once at start-up "
-            "(default 0: every launch equally fast)"
+            "(default: the noise preset's, else 0: every launch equally fast)"
         ),
     )
     sim.add_argument(
@@ -644,18 +663,27 @@ def resolve(
         weight_version=get("weight_version", "default"),
     )
     _check_ports(release, server, env or {})
+    chosen = noise.resolve_noise(
+        ns["sim_noise_preset"],
+        ns["sim_noise_cv"],
+        ns["sim_launch_cv"],
+        tp_size=server.tp_size,
+        cuda_graph=not server.disable_cuda_graph,
+        speculative_steps=(server.speculative_num_steps or 0) if algorithm else 0,
+    )
     sim = SimOptions(
         load_seconds=ns["sim_load_seconds"],
         speed=ns["sim_speed"],
         slowdown=ns["sim_slowdown"],
         accept_scale=ns["sim_accept_scale"],
-        noise_cv=ns["sim_noise_cv"],
+        noise_cv=chosen.run_cv,
         seed=sim_seed,
         fault=ns["sim_fault"],
         crash_after=crash_after,
         unknown_args=tuple(unknown),
-        launch_cv=ns["sim_launch_cv"],
+        launch_cv=chosen.launch_cv,
         launch_seed=launch_seed,
+        noise_choice=chosen,
     )
     return ResolvedArgs(
         server=server,

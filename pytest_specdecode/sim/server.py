@@ -373,6 +373,20 @@ class SimServer:
             state["avg_spec_accept_length"] = stats.avg_spec_accept_length
         return state
 
+    def noise_source(self) -> dict[str, Any]:
+        """Where the run and launch noise come from, for ``/server_info``: a preset measured on
+        real hardware (its label), or figures set by hand or the fixed defaults."""
+        choice = self.sim.noise_choice
+        preset = choice.preset if choice is not None else None
+        return {
+            "sim_noise_preset": preset.name if preset is not None else None,
+            "sim_noise_source": (
+                f"noise: {preset.label}"
+                if preset is not None
+                else "noise: set by hand or the simulator's fixed defaults"
+            ),
+        }
+
     def server_info(self) -> dict[str, Any]:
         """``/server_info`` of the release spoken: every ServerArgs field of that release, the
         scheduler's figures, then the simulator's own ``simulated``/``sim_*`` fields."""
@@ -402,6 +416,7 @@ class SimServer:
                 "sim_accept_scale": self.sim.accept_scale,
                 "sim_noise_cv": self.sim.noise_cv,
                 "sim_launch_cv": self.sim.launch_cv,
+                **self.noise_source(),
                 "sim_launch_seed": self.sim.launch_seed,
                 "sim_launch_speed_factor": self.launch_factor,
                 "sim_env_knobs": list(self.sim.env_knobs),

@@ -23,6 +23,11 @@ from typing import Any
 
 DATA = Path(__file__).parent / "data"
 REAL_0_5_15 = DATA / "real_sglang_0_5_15"
+#: Run and launch noise of a GPU-bound SGLang 0.5.15 server on one H200 at TP 1 (the noise
+#: phase of ``scripts/gpu-smoke``; evidence in ``docs/gpu-smoke-2026-12-03/``). The simulator's
+#: noise presets (``[noise.*]`` of ``sim/model.toml``) and ``benchmarks/bench_nightly.py``'s
+#: measured scenario are these figures (``test_h200_noise.py`` holds them together).
+H200_NOISE = DATA / "h200_noise.json"
 
 #: Keys only the simulator sends, by design: how the plugin recognises a simulator.
 SIM_ONLY_PREFIXES = ("sim_",)
@@ -84,6 +89,13 @@ def real_answers(version: str = "0.5.15") -> dict[str, RecordedAnswer]:
             sse_lines=None if lines is None else tuple(line for _, line in lines),
         )
     return answers
+
+
+@cache
+def h200_noise() -> dict[str, Any]:
+    """The measured noise of :data:`H200_NOISE`."""
+    loaded: dict[str, Any] = json.loads(H200_NOISE.read_text(encoding="utf-8"))
+    return loaded
 
 
 def real_launch_options(version: str = "0.5.15") -> frozenset[str]:

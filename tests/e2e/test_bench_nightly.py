@@ -3,10 +3,11 @@ plugin's own code (stats.compare each night, the history records, written to and
 a real history file in the first trial of every row, crossnight.detect), side by side with the
 other rules.
 
-Only what the machine's load cannot change is asserted: the table has every scenario, every row
-and every rule; a 29% drop, which the nightly gate FAILs the same night, is flagged on the
-first changed night by the new rule; the stated prior's first-night table is there. The rates
-themselves are figures (8 trials a row), printed, not asserted.
+Only what the machine's load cannot change is asserted: the table has every scenario (the
+noise measured on one H200 at TP 1 among them), every row and every rule; a 29% drop, which the
+nightly gate FAILs the same night, is flagged on the first changed night by the new rule; the
+stated prior's first-night table is there. The rates themselves are figures (8 trials a row),
+printed, not asserted.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def test_the_nightly_bench_prints_every_rule_side_by_side() -> None:
         for cells in [[c.strip() for c in line.strip("|").split("|")]]
         if len(cells) == len(header)
     }
-    for scenario in ("launch CV 3%", "launch CV 5%"):
+    # the H200's measured noise (tests/contract/data/h200_noise.json) is a scenario of its own
+    for scenario in ("launch CV 3%", "launch CV 5%", "measured H200 TP1 (EAGLE3 2-step)"):
         labels = {row for name, row in rows if name == scenario}
         assert labels == {
             "false alarms / 30 nights",
@@ -47,4 +49,6 @@ def test_the_nightly_bench_prints_every_rule_side_by_side() -> None:
         }, out
         assert rows[scenario, "-29%: delay median / p95"][0].startswith("1 / "), out
     assert "FAIL with the stated prior" in out
+    first_night = out.split("first night after a baseline recording", 1)[1]
+    assert "| measured H200 TP1 (EAGLE3 2-step) | +0%" in first_night, out
     assert "recording a baseline: 6 launches" in out
