@@ -64,10 +64,27 @@ def planned_launches(profile: ServerProfile, settings_launches: int | None) -> i
     simulator given ``--sim-launch-cv``) rather than from the running server's answer."""
     if settings_launches is not None:
         return settings_launches
-    varies = not profile.simulated or any(
-        arg.startswith("--sim-launch-cv") for arg in profile.extra_args
-    )
+    varies = not profile.simulated or _sim_launches_vary(list(profile.extra_args), profile)
     return DEFAULT_BASELINE_LAUNCHES if varies else 1
+
+
+def _sim_launches_vary(args: list[str], profile: ServerProfile) -> bool:
+    """Whether the simulator's flags make its launches vary: ``--sim-launch-cv``, or a noise
+    preset measured on hardware (``--sim-noise-preset NAME``; ``auto`` only where it applies, at
+    tp 1 with CUDA graphs on; the sim's ``noise.py`` has the rule)."""
+    if any(arg.startswith("--sim-launch-cv") for arg in args):
+        return True
+    preset = None
+    for index, arg in enumerate(args):
+        if arg.startswith("--sim-noise-preset="):
+            preset = arg.split("=", 1)[1]
+        elif arg == "--sim-noise-preset" and index + 1 < len(args):
+            preset = args[index + 1]
+    if preset is None or preset == "none":
+        return False
+    if preset == "auto":
+        return profile.tp_size == 1 and "--disable-cuda-graph" not in args
+    return True
 
 
 def baseline_cost(profiles: Sequence[ServerProfile], settings_launches: int | None) -> str:

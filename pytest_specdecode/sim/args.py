@@ -290,16 +290,15 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "--sim-noise-preset",
-        choices=[*noise.preset_names(), noise.NO_PRESET],
+        choices=[*noise.preset_names(), noise.AUTO_PRESET, noise.NO_PRESET],
         default=None,
         metavar="NAME",
         help=(
             "run and launch noise measured on real hardware ([noise.*] of the sim's model.toml): "
-            f"{', '.join(noise.preset_names())}, or {noise.NO_PRESET}. Default: at tp "
-            f"{noise.load_presets().auto_tp_size} with CUDA graphs on and neither --sim-noise-cv "
-            "nor --sim-launch-cv given, the preset measured on one H200 at TP 1 nearest in "
-            "speculative steps; otherwise none. A --sim-noise-cv or --sim-launch-cv given wins "
-            "over the preset for its knob"
+            f"{', '.join(noise.preset_names())}; {noise.AUTO_PRESET}: at tp "
+            f"{noise.load_presets().auto_tp_size} with CUDA graphs on, the one nearest in "
+            f"speculative steps (else none); {noise.NO_PRESET} (the default). A --sim-noise-cv "
+            "or --sim-launch-cv given wins over the preset for its knob"
         ),
     )
     sim.add_argument(

@@ -1,11 +1,11 @@
 """Run and launch noise measured on one H200 at TP 1 (``[noise.*]`` of ``sim/model.toml``, from
-``tests/contract/data/h200_noise.json``): the default of a simulated server of that kind (tp 1,
-CUDA graphs on, noise not set by hand), chosen by name with ``--sim-noise-preset``, and said
-where the figures appear (``/server_info``, the startup log).
+``tests/contract/data/h200_noise.json``): chosen for a simulated server of that kind (tp 1, CUDA
+graphs on, noise not set by hand) by ``--sim-noise-preset auto``, or by name, and said where
+the figures appear (``/server_info``, the startup log).
 
-The seed's TP8 profiles keep the fixed defaults (run CV 3 %, launches alike), and so does every
-server whose noise is set by hand; ``tests/contract/test_h200_noise.py`` holds the presets'
-figures to the contract file.
+Without a preset every server keeps the fixed defaults (run CV 3 %, launches alike), so that
+existing simulated suites and their baselines are unchanged; ``tests/contract/test_h200_noise.py``
+holds the presets' figures to the contract file.
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ def four_step_eagle3() -> tuple[str, ...]:
     [((), NOSPEC), (EAGLE3_2STEP, TWO), (EAGLE3_5STEP, FIVE), (four_step_eagle3(), FIVE)],
     ids=["nospec", "eagle3-2step", "eagle3-5step", "eagle3-4step-nearest-5"],
 )
-def test_tp1_with_cuda_graphs_takes_the_measured_noise_nearest_in_steps(
+def test_auto_at_tp1_with_cuda_graphs_takes_the_measured_noise_nearest_in_steps(
     flags: tuple[str, ...], preset: NoisePreset
 ) -> None:
-    options = sim(*flags)
+    options = sim(*flags, "--sim-noise-preset", "auto")
     assert preset_of(options) == preset.name
     assert (options.noise_cv, options.launch_cv) == (preset.run_cv, preset.launch_cv)
     assert options.launch_factor != 1.0  # launches vary, as the H200's did
@@ -64,11 +64,12 @@ def test_tp1_with_cuda_graphs_takes_the_measured_noise_nearest_in_steps(
 @pytest.mark.parametrize(
     "flags",
     [
-        ("--tp-size", "8"),
-        ("--disable-cuda-graph",),
+        (),
+        ("--tp-size", "8", "--sim-noise-preset", "auto"),
+        ("--disable-cuda-graph", "--sim-noise-preset", "auto"),
         ("--sim-noise-preset", "none"),
     ],
-    ids=["tp8", "cuda-graphs-off", "preset-none"],
+    ids=["default", "auto-at-tp8", "auto-with-cuda-graphs-off", "preset-none"],
 )
 def test_other_servers_keep_the_fixed_defaults(flags: tuple[str, ...]) -> None:
     options = sim(*EAGLE3_2STEP, *flags)
@@ -79,9 +80,9 @@ def test_other_servers_keep_the_fixed_defaults(flags: tuple[str, ...]) -> None:
 
 def test_noise_set_by_hand_is_set_as_a_whole() -> None:
     # either knob given: no automatic preset, the other knob at its fixed default
-    run_only = sim("--sim-noise-cv", "0")
+    run_only = sim("--sim-noise-cv", "0", "--sim-noise-preset", "auto")
     assert (run_only.noise_cv, run_only.launch_cv, preset_of(run_only)) == (0.0, 0.0, None)
-    launch_only = sim("--sim-launch-cv", "0.05")
+    launch_only = sim("--sim-launch-cv", "0.05", "--sim-noise-preset", "auto")
     assert (launch_only.noise_cv, launch_only.launch_cv) == (DEFAULT_RUN_CV, 0.05)
     assert preset_of(launch_only) is None
 
@@ -116,12 +117,12 @@ def test_an_unknown_preset_is_a_usage_error_naming_the_choices(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "argument --sim-noise-preset: invalid choice: 'h100'" in err
-    for name in (*PRESETS, "none"):
+    for name in (*PRESETS, "auto", "none"):
         assert name in err
 
 
 def test_a_live_server_says_where_its_noise_comes_from(start_sim: StartSim) -> None:
-    measured = start_sim(*EAGLE3_2STEP, base=DENSE_TP1)
+    measured = start_sim(*EAGLE3_2STEP, "--sim-noise-preset", "auto", base=DENSE_TP1)
     seed_box = start_sim(*EAGLE3_2STEP)  # the seed's TP8 flags
     with measured.client() as client:
         info = client.get("/server_info").json()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from pytest_specdecode.__main__ import EXIT_OK, EXIT_USAGE, main
 from pytest_specdecode.profiles.loader import load_profiles
-from pytest_specdecode.session.baseline_launches import baseline_cost
+from pytest_specdecode.session.baseline_launches import baseline_cost, planned_launches
 
 EXAMPLE = Path(__file__).parents[2] / "perf_tests" / "specdecode.toml"
 EAGLE3 = ("--model", "/models/llama-8b", "--draft-model", "/models/llama-8b-eagle3")
@@ -149,3 +150,25 @@ def test_the_recording_cost_counts_launches_per_profile_and_the_startup_timeouts
         "4 server launches (3 x nospec-nccl, 1 x eagle3-5step), each loading within its "
         "startup_timeout (its own): up to 91 min"
     )
+
+
+@pytest.mark.parametrize(
+    ("extra", "tp_size", "launches"),
+    [
+        ((), 1, 1),
+        (("--sim-launch-cv", "0.02"), 1, 3),
+        (("--sim-noise-preset", "h200-tp1-eagle3-2step"), 8, 3),
+        (("--sim-noise-preset=auto",), 1, 3),
+        (("--sim-noise-preset", "auto"), 8, 1),
+        (("--sim-noise-preset", "auto", "--disable-cuda-graph"), 1, 1),
+        (("--sim-noise-preset", "none"), 1, 1),
+    ],
+)
+def test_planned_launches_follow_the_simulators_launch_noise(
+    extra: tuple[str, ...], tp_size: int, launches: int
+) -> None:
+    """A simulated profile is recorded over 3 launches where its launches vary: a launch CV, a
+    measured noise preset, or ``auto`` where it applies (tp 1, CUDA graphs on)."""
+    base = next(iter(load_profiles(EXAMPLE, target="sim").profiles.values()))
+    profile = dataclasses.replace(base, tp_size=tp_size, extra_args=(*base.extra_args, *extra))
+    assert planned_launches(profile, None) == launches
