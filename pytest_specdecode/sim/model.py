@@ -49,6 +49,7 @@ import random
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +102,16 @@ def _toml_loads(text: str) -> dict[str, Any]:
     return loaded
 
 
+@cache
+def read_model_file(path: Path = MODEL_CONSTANTS_PATH) -> Mapping[str, Any]:
+    """The parsed model constants file, read once per process (the constants and the noise
+    presets both come from it); callers only read it."""
+    return _toml_loads(path.read_text(encoding="utf-8"))
+
+
 def load_constants(path: Path = MODEL_CONSTANTS_PATH) -> ModelConstants:
     """Read the model constants file."""
-    data = _toml_loads(path.read_text(encoding="utf-8"))
+    data = read_model_file(path)
     step = data["step"]
     acceptance = data["acceptance"]
     algorithms = {

@@ -13,12 +13,13 @@ fixed default (run CV 3 %, launches alike) or what ``--sim-noise-cv`` / ``--sim-
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pytest_specdecode.sim.model import MODEL_CONSTANTS_PATH, _toml_loads
+from pytest_specdecode.sim.model import MODEL_CONSTANTS_PATH, read_model_file
 
 #: The noise of a server without a preset: run CV 3 % per request, every launch alike.
 DEFAULT_RUN_CV = 0.03
@@ -53,7 +54,7 @@ class NoisePresets:
 @cache
 def load_presets(path: Path = MODEL_CONSTANTS_PATH) -> NoisePresets:
     """The ``[noise]`` section of the model constants file."""
-    section: dict[str, Any] = _toml_loads(path.read_text(encoding="utf-8"))["noise"]
+    section: Mapping[str, Any] = read_model_file(path)["noise"]
     presets = {
         name: NoisePreset(
             name=name,
