@@ -80,6 +80,8 @@ for line in requires("apache-otava") or []:
 EOF
   )
   [ "${#pins[@]}" -gt 0 ] || die "apache-otava $version's metadata names no numpy or scipy"
+  echo "installing ${pins[*]}; pip will then list Otava's service clients (google-cloud-bigquery," \
+    "pg8000, slack-sdk, ...) as missing: they are left out on purpose" >&2
   "${pip[@]}" "${pins[@]}" >&2 || die "'pip install ${pins[*]}' failed: is the package index reachable?"
 fi
 "$python" -c "$check" >&2 || die "the venv at $venv cannot import Otava's analysis ('$check' failed above)"
