@@ -27,10 +27,15 @@ same nights:
   optimal piecewise-constant fit of the nightly log means with a BIC-like penalty (3 ln n per
   segment, noise from the successive differences), a regression when the latest segment of >= 2
   nights lies more than 5 % (asv's ``regressions_thresholds`` default) below the one before;
-* **Otava-like**: a reimplementation (Apache Otava pins numpy 2.2 and pulls service clients; its
-  own venv was not practical here) of Hunter/Otava's test: the E-divisive split of the trailing
-  30 nights (``changepoint`` Q, power 1) and a two-sided Student t-test on it at Otava's default
-  ``max_pvalue`` 0.001; a drop counts when its split lies at most 5 nights before the change;
+* **Otava**: Apache Otava 0.8.0 itself, in a venv of its own (``scripts/provision-otava.sh``;
+  Otava pins numpy 2.2): each row's series go, in one batch, to ``benchmarks/otava/bridge.py`` run
+  by that venv's interpreter, which runs Otava's ``Series.analyze`` with the defaults of ``otava
+  analyze`` (E-divisive on windows of 50 points, t-test at 0.001) on every prefix a nightly job
+  would have (night n: all nights up to n) and returns the first night Otava reports a
+  regression change point lying at most 5 nights before the change; ``--no-otava`` leaves it out;
+* **Otava-like**: the reimplementation that stood in for it before: the E-divisive split of the
+  trailing 30 nights (``changepoint`` Q, power 1) and one two-sided Student t-test on it at
+  Otava's ``max_pvalue`` 0.001, the same 5-night tolerance;
 * **oracle**: the CUSUM with the true level and noise (the limit any detector of this k has), h
   calibrated to the same 3.5 % per 30 nights.
 
@@ -43,8 +48,12 @@ Scenarios: launch CV 3 % and 5 % at run CV 3 %, and the noise measured on one H2
 pooled run CV of "measured H200 TP1 (EAGLE3 2-step)", 1.22 % and 0.77 % when written, and of
 "(no speculation)", 0.75 % and 0.63 %, the latter not under ``--ci``).
 
-    python benchmarks/bench_nightly.py [--trials 200] [--seed 1] [--ci]
+    python benchmarks/bench_nightly.py [--trials 200] [--seed 1] [--ci] [--no-otava]
         [--scenario NAME=LAUNCH_CV,RUN_CV] [--measured launch_means.json] [--only NAME]
+
+The Otava column needs Otava's venv, built once (seconds) by ``scripts/provision-otava.sh``; the
+benchmark finds it in the same cache (or ``--otava-python``, ``SPECDECODE_OTAVA_PYTHON``) and
+stops with that command when it is missing, unless ``--no-otava``.
 """
 
 from __future__ import annotations
@@ -101,11 +110,19 @@ NULL_NIGHTS = 30
 CHANGE_NIGHTS = 40
 CHANGES = (-0.05, -0.10, -0.29)
 OTAVA_WINDOW, OTAVA_P = 30, 0.001
+#: A change point up to this many nights before the change counts as finding it (E-divisive
+#: dates a step a night or two early when a low night precedes it); one earlier is noise.
+OTAVA_EARLY = 5
+OTAVA_VERSION = "0.8.0"
+OTAVA_BRIDGE = Path(__file__).resolve().parent / "otava" / "bridge.py"
+OTAVA_BUILD = "scripts/provision-otava.sh"
 ASV_THRESHOLD = 0.05
 LOAD_S, RUN_S = 900.0, 5.5
 KEY = {"test_id": "bench::test_tok_s", "hardware_key": "sim", "fingerprint": "f",
        "workload_hash": "w"}  # fmt: skip
 RULES = ("new", "new, R=30", "previous", "mean:5%", "asv-style", "Otava-like", "oracle")
+#: The rule judged outside this process, after a row's trials (``otava_first``).
+OTAVA = "Otava"
 START = datetime(2026, 1, 1, 3, 0, tzinfo=timezone.utc)
 
 
@@ -279,6 +296,72 @@ def otava_split(values: np.ndarray) -> int | None:
     return values.size - window.size + split.index if p_value <= OTAVA_P else None
 
 
+def otava_python(given: Path | None) -> Path:
+    """Otava's venv interpreter: ``given``, else ``SPECDECODE_OTAVA_PYTHON``, else where
+    ``scripts/provision-otava.sh`` builds it (the project's cache, as that script computes it)."""
+    if given is not None:
+        return given
+    if os.environ.get("SPECDECODE_OTAVA_PYTHON"):
+        return Path(os.environ["SPECDECODE_OTAVA_PYTHON"])
+    cache = os.environ.get("SPECDECODE_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pytest-specdecode"
+    )
+    return Path(cache) / "otava" / OTAVA_VERSION / "venv" / "bin" / "python"
+
+
+def otava_missing(python: Path) -> str | None:
+    """Why ``python`` cannot run the Otava column (with the command that builds it), or None."""
+    if not python.is_file():
+        return f"Apache Otava's venv is missing: no {python}"
+    done = subprocess.run(
+        [str(python), "-c", "import otava.series"], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        return f"{python} cannot import Otava: {done.stderr.strip().splitlines()[-1:]}"
+    return None
+
+
+@dataclass
+class OtavaCost:
+    """What the Otava column cost: subprocess wall time, and Otava's own analysing time."""
+
+    trials: int = 0
+    analyses: int = 0
+    wall_s: float = 0.0
+    analysis_s: float = 0.0
+
+
+def otava_first(
+    python: Path, series: Sequence[Sequence[float]], cost: OtavaCost
+) -> list[int | None]:
+    """The first monitored night Otava flags in each series (nightly means, the reference
+    first), by one run of ``bridge.py`` under Otava's interpreter for all of them."""
+    request = {
+        "series": [[float(v) for v in values] for values in series],
+        "monitored_from": REFERENCE,
+        "counts_from": REFERENCE - OTAVA_EARLY,
+    }
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(python), str(OTAVA_BRIDGE)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{OTAVA_BRIDGE.name} under {python} failed:\n{done.stderr}")
+    answer = json.loads(done.stdout)
+    first = [None if night is None else int(night) for night in answer["first"]]
+    if len(first) != len(series):
+        raise SystemExit(f"{OTAVA_BRIDGE.name} answered {len(first)} series of {len(series)}")
+    cost.trials += len(series)
+    cost.analyses += int(answer["analyses"])
+    cost.wall_s += time.monotonic() - started
+    cost.analysis_s += float(answer["seconds"])
+    return first
+
+
 @dataclass(frozen=True)
 class Oracle:
     level: float  # the true expected log night mean of the unchanged build
@@ -312,8 +395,12 @@ def trial(
     oracle: Oracle,
     plan: SequentialPlan,
     history_file: Path | None = None,
-) -> dict[str, int | None]:
-    """The first night each rule flags (1-based from the change), None when not flagged."""
+) -> tuple[dict[str, int | None], list[float]]:
+    """The first night each rule flags (1-based from the change), None when not flagged; and
+    the nightly means of all the trial's nights to the horizon, for the rules judged later
+    (Otava). Nights after the other rules have all flagged are drawn from a child of ``rng``
+    (``spawn`` leaves ``rng``'s own stream as it was), so the other rules' figures do not depend
+    on whether the Otava column runs."""
     base = scenario.launches(rng, BASELINE_LAUNCHES, BASELINE_RUNS)
     baseline = list(base.ravel())
     baseline_mean = float(base.mean())
@@ -324,15 +411,18 @@ def trial(
         if history_file is not None:
             append_history(history_file, record)
 
+    means: list[float] = []
     for index in range(REFERENCE):  # the reference nights: only their records matter here
         runs = scenario.launches(rng, 1, MAX_RUNS)[0]
         add(night_record(index, runs, "inconclusive", baseline_mean))
+        means.append(float(runs.mean()))
     horizon = NULL_NIGHTS if change == 0 else CHANGE_NIGHTS
     found: dict[str, int | None] = dict.fromkeys(RULES)
     previous_fail = False
     oracle_s = 0.0
     for night in range(1, horizon + 1):
         runs = scenario.launches(rng, 1, MAX_RUNS)[0] * (1.0 + change)
+        means.append(float(runs.mean()))
         if history_file is not None:
             history[:] = read_history(history_file)
         prior = prior_for(history, metric="tok_s", **KEY)
@@ -349,7 +439,7 @@ def trial(
             "asv-style": asv_regression(values),
         }
         split = otava_split(values)
-        flags["Otava-like"] = split is not None and split >= REFERENCE - 5
+        flags["Otava-like"] = split is not None and split >= REFERENCE - OTAVA_EARLY
         z = max(-Z_CLIP, min(Z_CLIP, (float(values[-1]) - oracle.level) / oracle.sd))
         oracle_s = max(0.0, oracle_s - z - oracle.k)
         flags["oracle"] = oracle_s > oracle.h
@@ -359,7 +449,12 @@ def trial(
                 found[rule] = night
         if all(value is not None for value in found.values()):
             break
-    return found
+    rest = horizon - (len(means) - REFERENCE)
+    if rest:
+        later = rng.spawn(1)[0]
+        means.extend(float(v) for v in scenario.launches(later, rest, MAX_RUNS).mean(axis=1)
+                     * (1.0 + change))  # fmt: skip
+    return found, means
 
 
 # --------------------------------------------------------------------------- tables
@@ -388,13 +483,26 @@ def rate_cell(hits: int, n: int) -> str:
     return f"{p:.1%} ±{math.sqrt(max(p * (1 - p), 1 / n) / n):.1%}"
 
 
+def columns(otava: bool) -> list[str]:
+    """The rules as printed: Otava's own column beside its reimplementation, when it runs."""
+    if not otava:
+        return list(RULES)
+    at = RULES.index("Otava-like")
+    return [*RULES[:at], OTAVA, *RULES[at:]]
+
+
 def run(
     scenarios: Sequence[Scenario],
     trials: int,
     seed: int,
     history_file: Callable[[], Path] | None = None,
     changes: Sequence[float] = (0.0, *CHANGES),
+    otava: Path | None = None,
+    cost: OtavaCost | None = None,
 ) -> list[list[str]]:
+    """The table's rows; ``otava``: Otava's venv interpreter (None: no Otava column)."""
+    cost = cost if cost is not None else OtavaCost()
+    rules = columns(otava is not None)
     plan = SequentialPlan(initial_runs=RUNS, max_runs=MAX_RUNS, alpha=ALPHA).for_baseline(
         BASELINE_LAUNCHES * BASELINE_RUNS
     )
@@ -405,17 +513,23 @@ def run(
             rng = np.random.default_rng(
                 [seed, round(scenario.launch_cv * 1e4), round(-change * 1e3)]
             )
-            results = [
+            done = [
                 trial(scenario, change, rng, oracle, plan,
                       history_file() if history_file is not None and i == 0 else None)
                 for i in range(trials)
             ]  # fmt: skip
+            results = [found for found, _ in done]
+            if otava is not None:  # the row's series in one batch: one Otava process a row
+                for found, night in zip(
+                    results, otava_first(otava, [means for _, means in done], cost), strict=True
+                ):
+                    found[OTAVA] = night
             if change == 0:
                 cells = [rate_cell(sum(r[rule] is not None for r in results), trials)
-                         for rule in RULES]  # fmt: skip
+                         for rule in rules]  # fmt: skip
                 label = "false alarms / 30 nights"
             else:
-                cells = [delay_cell([r[rule] for r in results], CHANGE_NIGHTS) for rule in RULES]
+                cells = [delay_cell([r[rule] for r in results], CHANGE_NIGHTS) for rule in rules]
                 label = f"{change:+.0%}: delay median / p95"
             rows.append([scenario.name, label, *cells])
     return rows
@@ -557,6 +671,11 @@ def main() -> None:
                         help="true changes, 0 for the false-alarm row (default 0 -0.05 -0.1 "
                         "-0.29)")  # fmt: skip
     parser.add_argument("--no-first-night", action="store_true")
+    parser.add_argument("--no-otava", action="store_true",
+                        help="leave out the Otava column (no Otava venv needed)")  # fmt: skip
+    parser.add_argument("--otava-python", type=Path, metavar="PATH",
+                        help="Otava's venv interpreter (default: $SPECDECODE_OTAVA_PYTHON, else "
+                        f"where {OTAVA_BUILD} builds it)")  # fmt: skip
     parser.add_argument("--scenario", action="append", default=[],
                         help="NAME=LAUNCH_CV,RUN_CV: another box's noise")  # fmt: skip
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
@@ -607,6 +726,16 @@ def main() -> None:
                          f"{[scenario.name for scenario in scenarios]}")  # fmt: skip
         scenarios = [scenario for scenario in scenarios if scenario.name in args.only]
     trials, first_trials = (8, 40) if args.ci else (args.trials, args.first_night_trials)
+    otava: Path | None = None
+    if not args.no_otava:  # before the simulation: a missing venv stops it at once
+        otava = otava_python(args.otava_python)
+        why = otava_missing(otava)
+        if why is not None:
+            raise SystemExit(
+                f"{why}\nThe Otava column runs Apache Otava {OTAVA_VERSION} in a venv of its own. "
+                f"Build it once (seconds, three wheels) with\n    {OTAVA_BUILD}\nor give its "
+                "interpreter with --otava-python PATH, or leave the column out with --no-otava."
+            )
     started = time.monotonic()
     print(
         f"one launch of {RUNS}..{MAX_RUNS} runs a night, run CV 3% (measured scenarios: "
@@ -615,10 +744,21 @@ def main() -> None:
         f"{REFERENCE} nights, min change {CONFIG.min_change:.0%}, false alarms "
         f"{CONFIG.false_alarm:.1%} per {CONFIG.horizon} nights; {trials} trials per row\n"
     )
+    cost = OtavaCost()
     with tempfile.TemporaryDirectory() as directory:
         history = (lambda: Path(directory) / "history.jsonl") if args.ci else None
-        rows = run(scenarios, trials, args.seed, history, args.changes)
-    print(tabulate(rows, headers=["scenario", "row", *RULES], tablefmt="github"))
+        rows = run(scenarios, trials, args.seed, history, args.changes, otava, cost)
+    headers = ["scenario", "row", *columns(otava is not None)]
+    print(tabulate(rows, headers=headers, tablefmt="github"))
+    if otava is None:
+        print(f"\n(no Otava column: --no-otava; {OTAVA_BUILD} builds its venv)")
+    else:
+        print(
+            f"\nOtava: Apache Otava {OTAVA_VERSION} ({otava}), `otava analyze`'s defaults, on "
+            f"each night's whole series: {cost.analyses} analyses for {cost.trials} trials, "
+            f"{cost.wall_s:.1f} s ({cost.wall_s / max(cost.trials, 1) * 1e3:.0f} ms a trial, "
+            f"{cost.analysis_s / max(cost.analyses, 1) * 1e3:.1f} ms an analysis)"
+        )
     print(
         f"\ndelays in nights from the change, median / 95th percentile (its 95 % Monte Carlo "
         f"interval); >{CHANGE_NIGHTS}: not flagged within {CHANGE_NIGHTS} nights. The new "
