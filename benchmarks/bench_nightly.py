@@ -86,8 +86,8 @@ from pytest_specdecode.settings import OPTIONS_BY_NAME
 from pytest_specdecode.stats.changepoint import energy_split
 from pytest_specdecode.stats.comparison import Verdict, compare
 from pytest_specdecode.stats.crossnight import (
-    Z_CLIP,
     DetectorConfig,
+    clip_for,
     detect,
     series_from_history,
 )
@@ -377,12 +377,14 @@ def oracle_for(scenario: Scenario, seed: int) -> Oracle:
     nights = np.log(scenario.launches(rng, 200_000, MAX_RUNS).mean(axis=1))
     level, sd = float(nights.mean()), float(nights.std())
     k = abs(math.log1p(-CONFIG.min_change)) / (2 * sd)
-    z = np.clip(rng.standard_normal((20_000, NULL_NIGHTS)), -Z_CLIP, Z_CLIP)
+    clip = clip_for(k)  # as the detector clips (a quiet box's k exceeds Z_CLIP)
+    z = np.clip(rng.standard_normal((20_000, NULL_NIGHTS)), -clip, clip)
     s, peak = np.zeros(z.shape[0]), np.zeros(z.shape[0])
     for t in range(NULL_NIGHTS):
         s = np.maximum(0.0, s - z[:, t] - k)
         peak = np.maximum(peak, s)
-    return Oracle(level, sd, k, float(np.quantile(peak, 1 - CONFIG.false_alarm)))
+    h = max(float(np.quantile(peak, 1 - CONFIG.false_alarm)), clip - k)
+    return Oracle(level, sd, k, h)
 
 
 # --------------------------------------------------------------------------- one trial
@@ -440,7 +442,8 @@ def trial(
         }
         split = otava_split(values)
         flags["Otava-like"] = split is not None and split >= REFERENCE - OTAVA_EARLY
-        z = max(-Z_CLIP, min(Z_CLIP, (float(values[-1]) - oracle.level) / oracle.sd))
+        clip = clip_for(oracle.k)
+        z = max(-clip, min(clip, (float(values[-1]) - oracle.level) / oracle.sd))
         oracle_s = max(0.0, oracle_s - z - oracle.k)
         flags["oracle"] = oracle_s > oracle.h
         previous_fail = old is Verdict.FAIL

@@ -25,8 +25,8 @@ oracle, and at 30 nights it cost 4 nights at -5 % / launch CV 3 % and 20 at laun
 (docs/statistics.md). Until the reference is complete the detector is *warming up* and says how
 many nights it still needs; the nightly gate's verdict covers large drops meanwhile.
 
-**Statistic.** Page's one-sided CUSUM on ``z_t = (x_t - mu) / sigma`` (clipped at ±Z_CLIP, so
-one outlier night contributes at most Z_CLIP - k):
+**Statistic.** Page's one-sided CUSUM on ``z_t = (x_t - mu) / sigma`` (clipped at
+±max(Z_CLIP, k + MIN_STEP), so one outlier night contributes at most max(Z_CLIP - k, MIN_STEP)):
 
     S_t = max(0, S_{t-1} - z_t - k),   k = |ln(1 + min_change)| / (2 sigma)
 
@@ -84,6 +84,14 @@ statistic: a crashed or half-warm launch cannot raise the alarm alone while ``h`
 (it does at every k the defaults produce), and a real large drop still moves the statistic by
 ``Z_CLIP - k`` a night (the nightly gate FAILs it the same night anyway). The calibration clips
 in the same way, so the false-alarm level is unchanged."""
+
+MIN_STEP = 1.0
+"""The least that the largest clipped night adds to the statistic. On a box whose nights vary
+less than ``|ln(1 - min_change)| / (2 (Z_CLIP - MIN_STEP))`` (1.3 % at the default 5 %), k is at
+least ``Z_CLIP - MIN_STEP`` and a clip at Z_CLIP would let a night add nothing, so the detector
+could never fire: the H200's no-speculation nights vary 0.78 % (k = 3.3). There the clip moves to
+``k + MIN_STEP`` (:func:`clip_for`) and h is at least the largest step, so that no single night
+raises the alarm alone at any k."""
 
 MIN_EARLIER = 10
 """Measured nights an earlier regime needs before its reference adds to the SD's df."""
@@ -213,11 +221,17 @@ def _reference(values: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArra
     return clipped.mean(axis=1), clipped.std(axis=1, ddof=1)
 
 
+def clip_for(k: float) -> float:
+    """Where a night's z is clipped for reference value ``k`` (:data:`Z_CLIP`, :data:`MIN_STEP`)."""
+    return max(Z_CLIP, k + MIN_STEP)
+
+
 def _cusum_paths(
     z: NDArray[np.float64], k: float
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """The regression-side CUSUM along each row of ``z`` (winsorised), and its running max."""
-    z = np.clip(z, -Z_CLIP, Z_CLIP)
+    clip = clip_for(k)
+    z = np.clip(z, -clip, clip)
     s = np.zeros(z.shape[0])
     path = np.empty_like(z)
     for t in range(z.shape[1]):
@@ -247,7 +261,8 @@ def _simulate_threshold(
         sigma = np.sqrt((own * sigma**2 + extra) / (own + extra_df))
     z = (monitored - mu[:, None]) / np.maximum(sigma, 1e-12)[:, None]
     _, running = _cusum_paths(z, k)
-    return float(np.quantile(running[:, -1], 1.0 - level))
+    # never below one night's largest step: one outlier night must not alarm alone (MIN_STEP)
+    return max(float(np.quantile(running[:, -1], 1.0 - level)), clip_for(k) - k)
 
 
 @lru_cache(maxsize=256)
@@ -271,8 +286,9 @@ def threshold_for(
         "seed": _CALIBRATION_SEED,
         "winsor": WINSOR,
         "clip": Z_CLIP,
+        "min_step": MIN_STEP,
         "numpy": np.__version__,
-        "code": code_digest((_simulate_threshold, _reference, _cusum_paths)),
+        "code": code_digest((_simulate_threshold, _reference, _cusum_paths, clip_for)),
     }
     return memoized(
         key,
@@ -541,7 +557,8 @@ def _detector_power(
     # k in units of the estimated SD, fixed, as the calibration has it (the detector's own k
     # follows its estimated SD; h is calibrated per k, so conditionally on it this is the same).
     k_paths = k
-    z = np.clip((monitored - mu[:, None]) / sd[:, None], -Z_CLIP, Z_CLIP)
+    clip = clip_for(k)
+    z = np.clip((monitored - mu[:, None]) / sd[:, None], -clip, clip)
     s = np.zeros(paths)
     hit = np.zeros(paths, dtype=bool)
     for t in range(nights):

@@ -15,6 +15,7 @@ from pytest_specdecode.stats.crossnight import (
     Z_CLIP,
     DetectorConfig,
     Night,
+    clip_for,
     detect,
     sensitivity,
     series_from_history,
@@ -183,6 +184,40 @@ def test_one_outlier_night_cannot_raise_the_alarm_alone() -> None:
         assert state.k is not None
         assert state.h > Z_CLIP - state.k  # what one clipped night can add
         assert not state.alarm
+
+
+H200_NOSPEC_NIGHT_SD = 0.0078  # tests/contract/data/h200_noise.json: launch means of no speculation
+
+
+def test_a_quiet_box_is_watched_too() -> None:
+    # At a night SD of 0.78 % (the H200's no-speculation profile) k for a 5 % drop is about 3.3,
+    # above the clip of 3: with the clip at 3 a night could add nothing and no drop was flagged.
+    rng = np.random.default_rng(RNG_SEED)
+    states = [detect(series(rng, H200_NOSPEC_NIGHT_SD, 90, 3, -0.05), QUICK) for _ in range(20)]
+    assert sum((s.k or 0.0) > Z_CLIP for s in states) >= 5  # the estimated SD varies
+    assert all(s.alarm for s in states)  # 3 nights of a 5 % drop, 6.6 night SDs each
+
+
+def test_on_a_quiet_box_one_outlier_night_still_cannot_alarm_alone() -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    nights = series(rng, H200_NOSPEC_NIGHT_SD, 90, 3)
+    state = detect([*nights, Night(20.0, runs=10)], QUICK)
+    assert state.h is not None
+    assert state.k is not None
+    assert state.h >= clip_for(state.k) - state.k  # one clipped night's largest step
+    assert not state.alarm
+    # ... and two such nights in a row do
+    assert detect([*nights, Night(20.0, runs=10), Night(20.0, runs=10)], QUICK).alarm
+
+
+def test_a_quiet_box_keeps_its_false_alarm_budget() -> None:
+    rng = np.random.default_rng(RNG_SEED + 1)
+    trials = 300
+    alarms = sum(
+        detect(series(rng, H200_NOSPEC_NIGHT_SD, 90, 30), QUICK).alarm for _ in range(trials)
+    )
+    # calibrated at 3.5 % per 30 nights; h is floored at one step, which only lowers it
+    assert alarms / trials <= 0.035 + 3 * math.sqrt(0.035 * 0.965 / trials)
 
 
 def test_short_references_are_refused() -> None:
