@@ -716,6 +716,7 @@ def phase_noise() -> int:
         left = deadline - time.time()
         if left < last * 1.1:
             log(f"[noise] {left:.0f}s left, a batch took {last:.0f}s: stopping; launches {done}")
+            rc = rc or INCOMPLETE  # the next call goes on with the launches still missing
             break
         batch_id = time.strftime("%Y%m%d-%H%M%S")
         result = nz.run_batch(
