@@ -217,9 +217,9 @@ class MeasurementClient:
     connection attempt; ``request_timeout`` bounds each request from sending to the last byte;
     ``stall`` bounds any silence within it (:class:`StallBound`: a hung server fails its request
     in seconds to minutes, not after the whole request timeout). ``simulated``: the server is
-    the simulator, so each request carries its send time (:data:`SIM_SENT_AT_HEADER`). ``adapters(api, model=...)``
-    chooses the protocol adapter for a workload's api (default: SGLang's,
-    :func:`~pytest_specdecode.adapters.adapter_for`). ``transport`` is for tests
+    the simulator, so each request carries its send time (:data:`SIM_SENT_AT_HEADER`).
+    ``adapters(api, model=...)`` chooses the protocol adapter for a workload's api (default:
+    SGLang's, :func:`~pytest_specdecode.adapters.adapter_for`). ``transport`` is for tests
     (``httpx.MockTransport``).
     """
 
