@@ -165,7 +165,8 @@ def measure_cell(speed: float, concurrency: int, runs: int, tokens: int, log_dir
     latencies: list[float] = []
     cpu = 0.0
     generated = 0
-    with simulated_server(speed, log_dir) as url, MeasurementClient(url) as client:
+    # simulated=True: each request carries its send time, as the plugin's runner sends it.
+    with simulated_server(speed, log_dir) as url, MeasurementClient(url, simulated=True) as client:
         client.warmup(workload)
         for index in range(runs):
             cpu_start = time.process_time()

@@ -203,7 +203,11 @@ def measure(
 ) -> list[Condition]:
     conditions = [Condition("idle", 0)] + [Condition(f"{n} x {kind}", n) for n in loads]
     workload = seed_workload()
-    with simulated_server(noise_cv, log_dir) as url, MeasurementClient(url) as client:
+    # simulated=True: each request carries its send time, as the plugin's runner sends it.
+    with (
+        simulated_server(noise_cv, log_dir) as url,
+        MeasurementClient(url, simulated=True) as client,
+    ):
         client.warmup(workload)
         index = 0
         for block in range(blocks):

@@ -39,6 +39,14 @@ from pytest_specdecode.request_log import RequestRecord, RunRecord
 from pytest_specdecode.workloads import Prompt, Workload
 
 _T = TypeVar("_T")
+
+SIM_SENT_AT_HEADER = "x-specdecode-sent-monotonic"
+"""Sent to simulated servers only: the client's ``time.monotonic()`` when it began sending the
+request. The simulator starts the request's schedule there, so the host's delay before the
+simulator reads the request (which grows on a busy machine, and which a GPU server's
+milliseconds-long steps would not notice) does not lengthen the measured request. Real servers
+never get it. The simulator's copy of the name is ``pytest_specdecode.sim.httputil``'s
+``SENT_AT_HEADER``."""
 AdapterFactory = Callable[..., ProtocolAdapter]
 """``factory(api, model=...)``: the adapter for a workload's api (a backend's ``adapter``)."""
 
@@ -208,9 +216,10 @@ class MeasurementClient:
     so call it from synchronous code only, and from one thread. ``connect_timeout`` bounds each
     connection attempt; ``request_timeout`` bounds each request from sending to the last byte;
     ``stall`` bounds any silence within it (:class:`StallBound`: a hung server fails its request
-    in seconds to minutes, not after the whole request timeout). ``adapters(api, model=...)``
-    chooses the protocol adapter for a workload's api (default: SGLang's,
-    :func:`~pytest_specdecode.adapters.adapter_for`). ``transport`` is for tests
+    in seconds to minutes, not after the whole request timeout). ``simulated``: the server is
+    the simulator, so each request carries its send time (:data:`SIM_SENT_AT_HEADER`).
+    ``adapters(api, model=...)`` chooses the protocol adapter for a workload's api (default:
+    SGLang's, :func:`~pytest_specdecode.adapters.adapter_for`). ``transport`` is for tests
     (``httpx.MockTransport``).
     """
 
@@ -224,6 +233,7 @@ class MeasurementClient:
         connect_timeout: float = 10.0,
         request_timeout: float = 600.0,
         stall: StallBound | None = None,
+        simulated: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         try:
@@ -242,6 +252,7 @@ class MeasurementClient:
         self._connect_timeout = connect_timeout
         self._request_timeout = request_timeout
         self._stall = stall or StallBound()
+        self._simulated = simulated
         self._display_url = str(url.copy_with(userinfo=b"")).rstrip("/")
         self._loop: asyncio.AbstractEventLoop | None = asyncio.new_event_loop()
         self._http = httpx.AsyncClient(
@@ -341,10 +352,13 @@ class MeasurementClient:
         url = self._display_url + path
         timeline = _Timeline()
         t_start = time.perf_counter()
+        headers = adapter.headers
+        if self._simulated:
+            headers = {**headers, SIM_SENT_AT_HEADER: repr(time.monotonic())}
         try:
             send = self._stream if adapter.streaming else self._post
             t_end = await asyncio.wait_for(
-                send(adapter, path, body, timeline), timeout=self._request_timeout
+                send(adapter, path, body, headers, timeline), timeout=self._request_timeout
             )
             return timeline.record(prompt, t_start, t_end, streamed=adapter.streaming)
         except RequestError as exc:
@@ -380,11 +394,16 @@ class MeasurementClient:
         return httpx.Timeout(self._request_timeout, connect=self._connect_timeout, read=read)
 
     async def _post(
-        self, adapter: ProtocolAdapter, path: str, body: dict[str, object], timeline: _Timeline
+        self,
+        adapter: ProtocolAdapter,
+        path: str,
+        body: dict[str, object],
+        headers: Mapping[str, str],
+        timeline: _Timeline,
     ) -> float:
         t_sent = time.perf_counter()
         response = await self._http.post(
-            path, json=body, headers=adapter.headers, timeout=self._timeout(streaming=False)
+            path, json=body, headers=headers, timeout=self._timeout(streaming=False)
         )
         t_end = time.perf_counter()
         stall = self._stall
@@ -400,12 +419,17 @@ class MeasurementClient:
         return t_end
 
     async def _stream(
-        self, adapter: ProtocolAdapter, path: str, body: dict[str, object], timeline: _Timeline
+        self,
+        adapter: ProtocolAdapter,
+        path: str,
+        body: dict[str, object],
+        headers: Mapping[str, str],
+        timeline: _Timeline,
     ) -> float:
         stall = self._stall
         last = time.perf_counter()
         async with self._http.stream(
-            "POST", path, json=body, headers=adapter.headers, timeout=self._timeout(streaming=True)
+            "POST", path, json=body, headers=headers, timeout=self._timeout(streaming=True)
         ) as response:
             if response.status_code != 200:
                 await response.aread()

@@ -56,6 +56,7 @@ class ServerRunner:
             adapters=backend.adapter,
             request_timeout=self.settings.request_timeout,
             stall=self._stall_for(handle),
+            simulated=handle.profile.simulated,
         )
 
     def _stall_for(self, handle: ServerHandle) -> StallBound:

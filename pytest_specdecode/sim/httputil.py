@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Any
@@ -10,7 +12,48 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from pytest_specdecode.sim.logs import SIM_LOGGER
+
+log = logging.getLogger(SIM_LOGGER)
+
 SSE_DONE = b"data: [DONE]\n\n"
+
+SENT_AT_HEADER = "x-specdecode-sent-monotonic"
+"""The plugin's client adds this header to requests for a simulated server only: its
+``time.monotonic()`` when it began sending. The simulator starts the request's schedule there
+instead of at its own receipt, so the host's delay between the two (a few ms, more on a busy
+machine, all of it at the measured request's expense) does not lengthen the simulated request.
+The same name is ``pytest_specdecode.client.SIM_SENT_AT_HEADER`` (the core does not import
+the simulator)."""
+
+MAX_SEND_DELAY = 1.0
+"""Longest send-to-receipt delay (s) the simulator takes from the header. Larger gaps are not a
+busy host's scheduling but another machine's clock (monotonic clocks of two hosts differ by
+hours) or a replayed header; the request then starts at its receipt, as without the header."""
+
+
+def client_sent_at(request: Request, received: float) -> float | None:
+    """When the client says it sent ``request`` (event-loop seconds, the same clock as
+    ``time.monotonic()``), or None: no header, a value that is not a number, or one that does
+    not fit a send on this host before ``received`` (see :data:`MAX_SEND_DELAY`)."""
+    raw = request.headers.get(SENT_AT_HEADER)
+    if raw is None:
+        return None
+    try:
+        sent = float(raw)
+    except ValueError:
+        sent = math.nan
+    if not math.isfinite(sent):
+        log.warning(
+            "Ignoring header %s: %r is not a time.monotonic() reading; the request starts "
+            "at its receipt.",
+            SENT_AT_HEADER,
+            raw,
+        )
+        return None
+    if not 0.0 <= received - sent <= MAX_SEND_DELAY:
+        return None  # another host's clock, or not a delay of this host: use the receipt
+    return sent
 
 
 class BadRequestBody(Exception):

@@ -16,6 +16,7 @@ from pytest_specdecode.sim.faults import malformed_event
 from pytest_specdecode.sim.httputil import (
     SSE_DONE,
     BadRequestBody,
+    client_sent_at,
     error_stream,
     native_error_response,
     read_json_object,
@@ -90,8 +91,9 @@ async def generate(request: Request) -> Response:
             # Upstream validates inside the streaming generator: the error arrives in a 200.
             return error_stream({"message": str(exc)})
         return native_error_response(str(exc))
+    sent_at = client_sent_at(request, asyncio.get_running_loop().time())
     seqs = [
-        server.new_sequence(item, doomed=doomed and i == 0, logprobs=logprobs[i])
+        server.new_sequence(item, doomed=doomed and i == 0, logprobs=logprobs[i], arrival=sent_at)
         for i, item in enumerate(parsed.inputs)
     ]
     intervals = [item.sampling.stream_interval for item in parsed.inputs]

@@ -18,6 +18,7 @@ from pytest_specdecode.sim.faults import malformed_event
 from pytest_specdecode.sim.httputil import (
     SSE_DONE,
     BadRequestBody,
+    client_sent_at,
     dumps,
     error_stream,
     openai_error,
@@ -252,8 +253,10 @@ async def _handle(
         if parsed.stream:
             return error_stream(openai_error(str(exc)))
         return openai_error_response(str(exc))
+    sent_at = client_sent_at(request, asyncio.get_running_loop().time())
     seqs = [
-        server.new_sequence(item, doomed=doomed and i == 0) for i, item in enumerate(parsed.inputs)
+        server.new_sequence(item, doomed=doomed and i == 0, arrival=sent_at)
+        for i, item in enumerate(parsed.inputs)
     ]
     created = int(time.time())
     if parsed.stream:

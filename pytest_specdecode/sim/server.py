@@ -154,13 +154,21 @@ class SimServer:
     # -- requests -------------------------------------------------------------------------------
 
     def new_sequence(
-        self, item: GenerationInput, *, doomed: bool = False, logprobs: LogprobPlan | None = None
+        self,
+        item: GenerationInput,
+        *,
+        doomed: bool = False,
+        logprobs: LogprobPlan | None = None,
+        arrival: float | None = None,
     ) -> Sequence:
-        """Plan one request: index, RNG, speed factor, length and acceptance, then submit it."""
+        """Plan one request: index, RNG, speed factor, length and acceptance, then submit it.
+
+        ``arrival`` (event-loop seconds) is when its schedule starts: the client's send time
+        when it told us (:func:`~pytest_specdecode.sim.httputil.client_sent_at`), else now."""
         index = self._next_index
         self._next_index += 1
         rng = random.Random(f"{self.sim.seed}:{index}")
-        return self._submit(item, index, rng, doomed=doomed, logprobs=logprobs)
+        return self._submit(item, index, rng, doomed=doomed, logprobs=logprobs, arrival=arrival)
 
     def plan_logprobs(self, item: GenerationInput) -> LogprobPlan | None:
         """The request's logprob reporting, or None; ``ValueError`` (a 400) for a bad start.
@@ -194,6 +202,7 @@ class SimServer:
         doomed: bool,
         noise: bool = True,
         logprobs: LogprobPlan | None = None,
+        arrival: float | None = None,
     ) -> Sequence:
         sampling = item.sampling
         key = prompt_key(item.prompt_ids)
@@ -233,7 +242,7 @@ class SimServer:
             speed=speed,
             rng=rng,
             output=OutputTokens(token_seed),
-            arrival=asyncio.get_running_loop().time(),
+            arrival=asyncio.get_running_loop().time() if arrival is None else arrival,
             log_metrics=item.log_metrics,
             doomed=doomed,
             logprobs=logprobs,

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from pytest_specdecode.client import SIM_SENT_AT_HEADER
 from pytest_specdecode.sim import model
 from pytest_specdecode.sim.engine import Engine, Sequence
 from pytest_specdecode.sim.tokenizer import OutputTokens
@@ -176,6 +177,39 @@ def test_one_stream_at_speed_50_keeps_the_models_time(start_sim: StartSim) -> No
     # the client's and the machine's business (benchmarks/bench_sim_load.py measures it), not
     # something to assert on a shared box.
     assert wall >= meta["e2e_latency"]
+
+
+def test_a_request_the_host_delays_before_the_sim_reads_it_is_timed_from_its_send(
+    start_sim: StartSim,
+) -> None:
+    """The plugin's client tells the simulator when it sent each request (its time.monotonic());
+    the request's schedule starts there, so a host that is slow to hand the request over (a busy
+    machine) does not lengthen it. A stamp that cannot be a recent send on this host is ignored
+    and the request starts at its receipt, as without one."""
+    sim = start_sim("--enable-metrics", "--sim-seed", "3", "--sim-noise-cv", "0", env=NCCL_TUNED)
+    body = {"text": PROMPT, "sampling_params": {**BENCH, "max_new_tokens": 20}}
+    to_unix = time.time() - time.monotonic()
+
+    def start_after_send(stamp: str | None, sent: float) -> tuple[float, float]:
+        """(when the sim's schedule began, seconds after ``sent``), and the e2e_latency."""
+        headers = {} if stamp is None else {SIM_SENT_AT_HEADER: stamp}
+        with sim.client() as client:
+            meta = client.post("/generate", json=body, headers=headers).json()["meta_info"]
+        return meta["request_received_ts"] - (sent + to_unix), meta["e2e_latency"]
+
+    start_after_send(None, time.monotonic())  # the prompt is cached for all that follow
+    time.sleep(0.4)  # idle at the pretended send, so nothing queues the request after it
+    now = time.monotonic()
+    delayed, delayed_e2e = start_after_send(repr(now - 0.3), now - 0.3)  # handed over 0.3 s late
+    _, plain_e2e = start_after_send(None, time.monotonic())
+    now = time.monotonic()
+    stale, _ = start_after_send(repr(now - 5.0), now - 5.0)  # not a send of this host just now
+    start_after_send("soon", time.monotonic())
+
+    assert abs(delayed) < 0.02  # from the send (only the two processes' clock reads differ)
+    assert delayed_e2e == pytest.approx(plain_e2e, rel=1e-9)  # the same simulated duration
+    assert stale > 4.9  # from the receipt, not from the 5-s-old stamp
+    assert "Ignoring header x-specdecode-sent-monotonic: 'soon'" in sim.log()
 
 
 def test_64_streams_at_speed_50_finish_on_the_models_schedule(start_sim: StartSim) -> None:

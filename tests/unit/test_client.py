@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import cast
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from pytest_specdecode.adapters import OpenAICompletions, SglangGenerate, adapter_for
-from pytest_specdecode.client import MeasurementClient
+from pytest_specdecode.client import SIM_SENT_AT_HEADER, MeasurementClient
 from pytest_specdecode.errors import ConfigError, RequestError
 from pytest_specdecode.workloads import Prompt, Workload
 
@@ -189,6 +190,28 @@ def test_openai_requests_carry_the_same_shape_and_ask_for_usage(
         assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     else:
         assert "stream_options" not in body
+
+
+@pytest.mark.parametrize("api", ["generate", "generate-stream", "completions-stream"])
+def test_only_a_simulated_server_is_told_when_each_request_was_sent(
+    api: str, requests_seen: list[httpx.Request]
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if api == "completions-stream":
+            return event_stream(sse(openai_chunk("x", finish="length", usage=1)))
+        return native_handler(request)
+
+    before = time.monotonic()
+    with make_client(handler, requests_seen, simulated=True) as client:
+        client.run(workload(api), run_index=0)
+    after = time.monotonic()
+    with make_client(handler, requests_seen) as client:  # a real server: nothing extra
+        client.run(workload(api), run_index=0)
+
+    simulated, real = requests_seen[:2], requests_seen[2:]
+    sent = [float(request.headers[SIM_SENT_AT_HEADER]) for request in simulated]
+    assert before <= sent[0] <= sent[1] <= after  # the simulator's clock: time.monotonic()
+    assert [SIM_SENT_AT_HEADER in request.headers for request in real] == [False, False]
 
 
 def test_api_key_is_sent_as_bearer_token_and_never_appears_in_errors(
