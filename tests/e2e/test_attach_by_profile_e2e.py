@@ -87,6 +87,13 @@ def test_the_missions_command_on_the_shipped_suite_measures_the_profile_the_serv
     # The seed's claim (+5% over no speculation) sits close to the simulated +6%: INCONCLUSIVE
     # (xfail by default) is allowed, as for `pytest perf_tests` (test_example_suite.py).
     counts = re.sub(r" in [\d.]+s.*", "", out.splitlines()[-1].strip("= "))
+    # The committed baselines record the quiet machine they were measured on; on a busy one
+    # (CI's two workers) the plugin says the loads differ, which is the only warning allowed.
+    # (one per baseline compared with: its own and no speculation's)
+    warned = re.search(r", (\d+) warnings?$", counts)
+    if warned:
+        assert out.count("machine load differs between these runs and") >= int(warned[1]), out
+        counts = counts[: warned.start()]
     assert counts in ("1 passed, 2 skipped, 1 deselected", "2 skipped, 1 deselected, 1 xfailed")
     row = next(line for line in out.splitlines() if line.startswith("| test_eagle3_2step"))
     assert "eagle3-2step-nccl (simulated)" in row
