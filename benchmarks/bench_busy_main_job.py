@@ -24,10 +24,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench_sim_load import busy_loops
 from tabulate import tabulate
 
 REPO = Path(__file__).resolve().parents[1]
-SPIN = "while True: pass"
 
 
 def baseline_means() -> dict[str, float]:
@@ -40,8 +40,7 @@ def baseline_means() -> dict[str, float]:
 
 
 def one_run(spinners: int, report: Path) -> tuple[int, float, dict[str, Any]]:
-    busy = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(spinners)]
-    try:
+    with busy_loops(spinners):
         started = time.monotonic()
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "perf_tests", "-q", "-p", "no:cacheprovider",
@@ -49,10 +48,6 @@ def one_run(spinners: int, report: Path) -> tuple[int, float, dict[str, Any]]:
             cwd=REPO, capture_output=True, text=True, check=False,
         )  # fmt: skip
         seconds = time.monotonic() - started
-    finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
     data = json.loads(report.read_text()) if report.exists() else {"tests": []}
     return done.returncode, seconds, data
 

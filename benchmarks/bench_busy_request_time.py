@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_measurement import NCCL_TUNED, SEED_FLAGS, free_port
+from bench_sim_load import busy_loops
 from tabulate import tabulate
 
 from pytest_specdecode.adapters import ParsedUpdate, ProtocolAdapter, adapter_for
@@ -51,7 +52,6 @@ EAGLE3_2STEP = (
     "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
     "--speculative-num-draft-tokens", "3",
 )  # fmt: skip
-SPIN = "while True: pass"
 
 
 def recording_adapters(started: list[float]) -> Any:
@@ -86,17 +86,18 @@ def measure(spinners: int, runs: int, send_time: bool, log: Path) -> dict[str, l
         sim = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-    busy: list[subprocess.Popen[bytes]] = []
     figures: dict[str, list[float]] = {}
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(url, name="sim", timeout=60, exit_code=sim.poll)
-        busy = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(spinners)]
         workload = BUILTIN_WORKLOADS["seed"]
         to_unix = time.time() - time.perf_counter()
         started: list[float] = []
         adapters = recording_adapters(started)
-        with MeasurementClient(url, adapters=adapters, simulated=send_time) as client:
+        with (
+            busy_loops(spinners),
+            MeasurementClient(url, adapters=adapters, simulated=send_time) as client,
+        ):
             client.warmup(workload)
             for index in range(runs):
                 started.clear()
@@ -122,9 +123,6 @@ def measure(spinners: int, runs: int, send_time: bool, log: Path) -> dict[str, l
                 ):
                     figures.setdefault(name, []).append(value)
     finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
         os.killpg(sim.pid, signal.SIGTERM)
         sim.wait()
     return figures
