@@ -8,8 +8,13 @@ the plugin's own controller/worker logic would see a worker where there is none.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import IO
 
 # httpx 0.28 imports httpcore on its first connection. Where that is inside a pytester test,
 # pytester's teardown removes the modules the test imported, httpcore among them; the next
@@ -85,7 +90,7 @@ def _one_calibration_cache(
     monkeypatch.setenv("PYTEST_SPECDECODE_CALIBRATION_CACHE", str(shared))
 
 
-# Under `-n` (scripts/test runs the suite on two workers), tests that share one machine-wide
+# Under `-n` (scripts/test runs the suite on three workers), tests that share one machine-wide
 # thing run on one worker, one after another: the Docker engines (the fleet tests remove every
 # managed container on both engines and kill engine B; the fault matrix has Docker rows).
 SHARED_BY_PATH = {
@@ -104,3 +109,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for group, prefixes in SHARED_BY_PATH.items():
             if path.startswith(prefixes):
                 item.add_marker(pytest.mark.xdist_group(group))
+
+
+# Tests that measure live against the committed baselines, which were recorded on a quiet machine
+# (the README's main job, the mission's command) hold claims with about 1% of headroom. Beside two
+# other tests (three workers keep two cores about 80% busy) the simulated 2-step profile measured
+# 2% under its baseline and the borderline claim FAILed; beside one (two workers) it holds, as on
+# a user's machine with both cores busy (benchmarks/bench_busy_main_job.py). So under xdist each
+# test holds one of `workercount` slot locks, and a quiet_machine test holds all but one of them:
+# at most one other test runs beside it. A gate lock taken while slots are gathered keeps
+# workers from overtaking a quiet_machine test that waits for its slots.
+QUIET_MACHINE = "quiet_machine"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{QUIET_MACHINE}: compares live figures against baselines recorded on a quiet machine; "
+        "under xdist at most one other test runs beside it",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _load_slots(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    workerinput = getattr(request.config, "workerinput", None)
+    if workerinput is None:  # not an xdist worker: nothing runs beside this test
+        yield
+        return
+    count = int(workerinput["workercount"])
+    wanted = max(1, count - 1) if request.node.get_closest_marker(QUIET_MACHINE) else 1
+    # The workers' base temp folders share one parent: the session's.
+    folder = tmp_path_factory.getbasetemp().parent / "load-slots"
+    folder.mkdir(exist_ok=True)
+    with ExitStack() as held:
+        gate = held.enter_context((folder / "gate").open("a"))
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        slots: list[IO[str]] = []
+        while len(slots) < wanted:
+            for index in range(count):
+                if len(slots) == wanted:
+                    break
+                slot = (folder / f"slot-{index}").open("a")
+                try:
+                    fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    slot.close()
+                    continue
+                slots.append(held.enter_context(slot))
+            else:
+                time.sleep(0.05)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        yield

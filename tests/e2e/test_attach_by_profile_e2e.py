@@ -55,6 +55,7 @@ def shipped_server(profile: str) -> tuple[list[str], dict[str, str]]:
     return args, dict(chosen.env)
 
 
+@pytest.mark.quiet_machine  # the borderline claim: tests/conftest.py says why
 def test_the_missions_command_on_the_shipped_suite_measures_the_profile_the_server_runs(
     tmp_path: Path,
 ) -> None:

@@ -27,6 +27,7 @@ def snapshot(directory: Path) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.quiet_machine  # the borderline claim: tests/conftest.py says why
 def test_pytest_perf_tests_passes_against_the_committed_baselines(tmp_path: Path) -> None:
     if not (REPO / "perf_tests" / "test_seed.py").exists():
         pytest.skip("not run from a checkout with perf_tests/")
