@@ -58,7 +58,9 @@ def test_throughput():
 def test_throughput_loose():
     pass
 
-@pytest.mark.specdecode("varying-spec", workload="steady", tok_s=-0.02, accept_length=-0.02)
+# Accept length at -5%: two 128-token requests a run draw it with a run CV of about 3.5%, and at
+# -2% an unchanged launch FAILed about once in a hundred (seen: 0.966 over 8 runs against 15).
+@pytest.mark.specdecode("varying-spec", workload="steady", tok_s=-0.02, accept_length=-0.05)
 def test_both():
     pass
 """
