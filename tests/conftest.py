@@ -112,14 +112,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # Tests that measure live against the committed baselines, which were recorded on a quiet machine
-# (the README's main job, the mission's command) hold claims with about 1% of headroom. Beside two
-# other tests (three workers keep two cores about 80% busy) the simulated 2-step profile measured
-# 2% under its baseline and the borderline claim FAILed; beside one (two workers) it holds, as on
-# a user's machine with both cores busy (benchmarks/bench_busy_main_job.py). So under xdist each
-# test holds one of `workercount` slot locks, and a quiet_machine test holds all but one of them:
-# at most one other test runs beside it. A gate lock taken while slots are gathered keeps
-# workers from overtaking a quiet_machine test that waits for its slots.
+# (the README's main job, the mission's command), hold the seed's borderline claim: EAGLE3 2-step
+# at least 5% over no speculation's baseline, which the simulated 2-step beats by 0.5%. A user's
+# machine with both cores busy keeps it (benchmarks/bench_busy_main_job.py), but the suite's own
+# load is heavier: beside two other tests (three workers keep two cores about 80% busy) the
+# 2-step measured 2% under its baseline and FAILed, and beside one other test, still sharing the
+# CPU equally, 0.4-2.0% under, and FAILed twice in one run. So under xdist each test holds one
+# of `workercount` slot locks and a quiet_machine test all but one of them (at most one other
+# test runs beside it; a gate lock keeps workers from overtaking one that waits for its slots),
+# and where the suite runs as root (CI) the worker runs a quiet_machine test at nice -10: the
+# server and client it starts inherit that, and the suite's other tests become background load.
 QUIET_MACHINE = "quiet_machine"
+QUIET_MACHINE_NICE = -10
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -139,7 +143,8 @@ def _load_slots(
         yield
         return
     count = int(workerinput["workercount"])
-    wanted = max(1, count - 1) if request.node.get_closest_marker(QUIET_MACHINE) else 1
+    quiet = request.node.get_closest_marker(QUIET_MACHINE) is not None
+    wanted = max(1, count - 1) if quiet else 1
     # The workers' base temp folders share one parent: the session's.
     folder = tmp_path_factory.getbasetemp().parent / "load-slots"
     folder.mkdir(exist_ok=True)
@@ -161,4 +166,8 @@ def _load_slots(
             else:
                 time.sleep(0.05)
         fcntl.flock(gate, fcntl.LOCK_UN)
+        if quiet and os.geteuid() == 0:  # only root may lower a nice value again
+            before = os.getpriority(os.PRIO_PROCESS, 0)
+            os.setpriority(os.PRIO_PROCESS, 0, QUIET_MACHINE_NICE)
+            held.callback(os.setpriority, os.PRIO_PROCESS, 0, before)
         yield
