@@ -8,13 +8,9 @@ the plugin's own controller/worker logic would see a worker where there is none.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
-import time
 from collections.abc import Iterator
-from contextlib import ExitStack
-from typing import IO
 
 # httpx 0.28 imports httpcore on its first connection. Where that is inside a pytester test,
 # pytester's teardown removes the modules the test imported, httpcore among them; the next
@@ -116,12 +112,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # at least 5% over no speculation's baseline, which the simulated 2-step beats by 0.5%. A user's
 # machine with both cores busy keeps it (benchmarks/bench_busy_main_job.py), but the suite's own
 # load is heavier: beside two other tests (three workers keep two cores about 80% busy) the
-# 2-step measured 2% under its baseline and FAILed, and beside one other test, still sharing the
-# CPU equally, 0.4-2.0% under, and FAILed twice in one run. So under xdist each test holds one
-# of `workercount` slot locks and a quiet_machine test all but one of them (at most one other
-# test runs beside it; a gate lock keeps workers from overtaking one that waits for its slots),
-# and where the suite runs as root (CI) the worker runs a quiet_machine test at nice -10: the
-# server and client it starts inherit that, and the suite's other tests become background load.
+# 2-step measured 2% under its baseline and FAILed, and with at most one other test beside it,
+# still sharing the CPU equally, 0.4-2.0% under, and FAILed twice in one run. So where the suite
+# runs as root (CI), the worker runs a quiet_machine test at nice -10: the server and client the
+# test starts inherit it and take the CPU first, and the suite's other tests are background load
+# to them, as a user's other programs are. Without root a nice value cannot be lowered again, so
+# scripts/test runs two workers there.
 QUIET_MACHINE = "quiet_machine"
 QUIET_MACHINE_NICE = -10
 
@@ -130,44 +126,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{QUIET_MACHINE}: compares live figures against baselines recorded on a quiet machine; "
-        "under xdist at most one other test runs beside it",
+        f"run at nice {QUIET_MACHINE_NICE} where the suite runs as root",
     )
 
 
 @pytest.fixture(autouse=True)
-def _load_slots(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    workerinput = getattr(request.config, "workerinput", None)
-    if workerinput is None:  # not an xdist worker: nothing runs beside this test
+def _quiet_machine_priority(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker(QUIET_MACHINE) is None or os.geteuid() != 0:
         yield
         return
-    count = int(workerinput["workercount"])
-    quiet = request.node.get_closest_marker(QUIET_MACHINE) is not None
-    wanted = max(1, count - 1) if quiet else 1
-    # The workers' base temp folders share one parent: the session's.
-    folder = tmp_path_factory.getbasetemp().parent / "load-slots"
-    folder.mkdir(exist_ok=True)
-    with ExitStack() as held:
-        gate = held.enter_context((folder / "gate").open("a"))
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        slots: list[IO[str]] = []
-        while len(slots) < wanted:
-            for index in range(count):
-                if len(slots) == wanted:
-                    break
-                slot = (folder / f"slot-{index}").open("a")
-                try:
-                    fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    slot.close()
-                    continue
-                slots.append(held.enter_context(slot))
-            else:
-                time.sleep(0.05)
-        fcntl.flock(gate, fcntl.LOCK_UN)
-        if quiet and os.geteuid() == 0:  # only root may lower a nice value again
-            before = os.getpriority(os.PRIO_PROCESS, 0)
-            os.setpriority(os.PRIO_PROCESS, 0, QUIET_MACHINE_NICE)
-            held.callback(os.setpriority, os.PRIO_PROCESS, 0, before)
+    # Per thread on Linux: the test, and every process it starts, runs on this (main) thread.
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, QUIET_MACHINE_NICE)
+    try:
         yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, before)
