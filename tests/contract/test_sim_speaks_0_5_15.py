@@ -113,7 +113,10 @@ ANSWERS = real_answers("0.5.15")
 
 
 def _hit_the_prefix_cache(answer: RecordedAnswer) -> bool:
-    bodies = answer.sse_events() if answer.sse_lines is not None else [answer.body]
+    if answer.sse_lines is not None:
+        bodies = answer.sse_events()
+    else:  # a batch answers with a list, one body per prompt
+        bodies = answer.body if isinstance(answer.body, list) else [answer.body]
     return any(
         isinstance(body, dict)
         and isinstance(body.get("meta_info"), dict)
