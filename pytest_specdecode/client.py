@@ -263,6 +263,7 @@ class MeasurementClient:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
             transport=transport,
             trust_env=net.trust_env(url),  # local: direct; remote: the user's proxy settings
+            verify=net.tls_context(url),
         )
 
     # -- lifecycle --

@@ -9,14 +9,19 @@ the user's environment says: ``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY`` and 
 apply exactly as httpx applies them, since that is the route the user chose for that host.
 
 Readiness probes, the measurement client and the pool's health checks all ask :func:`trust_env`,
-so one server is never probed one way and measured another.
+so one server is never probed one way and measured another, and take their certificate check
+from :func:`tls_context`, built once per process.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import os
 import socket
+import ssl
 
+import certifi
 import httpx
 
 # Names that resolve to this machine on every system we run on (RFC 6761 reserves *.localhost).
@@ -48,3 +53,25 @@ def trust_env(url: str | httpx.URL) -> bool:
     this machine (:func:`is_local_host`: reached directly, proxy variables ignored), ``True``
     for any other host (the user's proxy settings, ``NO_PROXY`` included, as httpx reads them)."""
     return not is_local_host(httpx.URL(str(url)).host)
+
+
+def tls_context(url: str | httpx.URL) -> ssl.SSLContext:
+    """The certificate check of a client of the server at ``url``: the one httpx's default
+    ``verify=True`` builds (the CA file ``SSL_CERT_FILE`` or directory ``SSL_CERT_DIR`` where the
+    client trusts the environment, :func:`trust_env`; else certifi's bundle), built once per
+    process for each such source and shared. httpx builds a new context for every client, which
+    parses certifi's bundle again (about 30 ms of CPU), and a session makes a client for every
+    probe and every test, mostly of plain ``http://`` servers. A context is safe to share
+    between clients and threads."""
+    cafile = capath = None
+    if trust_env(url):
+        cafile = os.environ.get("SSL_CERT_FILE") or None
+        capath = None if cafile else os.environ.get("SSL_CERT_DIR") or None
+    return _tls_context(cafile, capath)
+
+
+@functools.lru_cache(maxsize=8)
+def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    if cafile is None and capath is None:
+        cafile = certifi.where()
+    return ssl.create_default_context(cafile=cafile, capath=capath)

@@ -66,6 +66,7 @@ def wait_attached(
         timeout=httpx.Timeout(probe_timeout, connect=min(probe_timeout, 2.0)),
         transport=transport,
         trust_env=net.trust_env(url),
+        verify=net.tls_context(url),
     ) as http:
         while True:
             now = time.monotonic()
@@ -186,7 +187,9 @@ def reports_simulated(url: str, timeout: float = 5.0) -> tuple[bool, str | None]
     """Whether the server at ``url`` says it is simulated, or why that could not be read."""
     problem = "no /server_info or /get_server_info"
     try:
-        with httpx.Client(timeout=timeout, trust_env=net.trust_env(url)) as client:
+        with httpx.Client(
+            timeout=timeout, trust_env=net.trust_env(url), verify=net.tls_context(url)
+        ) as client:
             for route in ("/server_info", "/get_server_info"):
                 response = client.get(url + route)
                 if response.status_code == 404:

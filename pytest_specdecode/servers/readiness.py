@@ -138,6 +138,7 @@ def wait_until_ready(
         timeout=httpx.Timeout(probe_timeout, connect=min(probe_timeout, 2.0)),
         transport=transport,
         trust_env=net.trust_env(base_url),  # the client's rule: local direct, remote proxied
+        verify=net.tls_context(base_url),
     ) as http:
         while True:
             elapsed = time.monotonic() - start

@@ -287,6 +287,7 @@ def probe_health(
             timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
             headers=headers,
             trust_env=net.trust_env(url),
+            verify=net.tls_context(url),
         ) as http:
             for path in paths:
                 response = http.get(f"{url}{path}")

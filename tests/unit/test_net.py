@@ -12,12 +12,15 @@ import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+import certifi
+import httpx
 import pytest
 
 from pytest_specdecode.client import MeasurementClient
 from pytest_specdecode.errors import ServerTimeoutError
-from pytest_specdecode.net import is_local_host, trust_env
+from pytest_specdecode.net import is_local_host, tls_context, trust_env
 from pytest_specdecode.servers.readiness import wait_until_ready
 from pytest_specdecode.servers.startup import healthy
 
@@ -153,3 +156,40 @@ def test_no_proxy_lets_a_remote_host_bypass_the_proxy(
     with pytest.raises(ServerTimeoutError):
         wait_until_ready(REMOTE, name="remote", timeout=0.3, paths=["/health"], poll_interval=0.05)
     assert lines == []
+
+
+# -- the certificate check, built once per process ---------------------------------------------
+
+
+def _first_certificate(path: Path) -> str:
+    bundle = Path(certifi.where()).read_text()
+    end = "-----END CERTIFICATE-----\n"
+    path.write_text(
+        bundle[bundle.index("-----BEGIN CERTIFICATE-----") : bundle.index(end) + len(end)]
+    )
+    return str(path)
+
+
+def test_every_client_of_local_servers_shares_one_context_with_httpxs_certificates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    shared = tls_context("http://127.0.0.1:30000")
+    assert tls_context("https://localhost:30001") is shared
+    assert tls_context(REMOTE) is shared  # no CA variables: certifi's bundle for every host
+    # what httpx's default verify=True would have loaded, parsed once instead of per client
+    expected = httpx.create_ssl_context(trust_env=False).get_ca_certs()
+    assert len(shared.get_ca_certs()) == len(expected) > 100
+
+
+def test_ssl_cert_file_applies_to_remote_servers_as_httpx_reads_it_not_to_local_ones(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", _first_certificate(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path))  # the file wins, as in httpx
+    remote = tls_context(REMOTE)
+    assert len(remote.get_ca_certs()) == 1
+    assert tls_context(REMOTE) is remote
+    # trust_env=False for this machine: httpx ignores the variables there, so do we
+    assert len(tls_context("http://127.0.0.1:30000").get_ca_certs()) > 100
