@@ -117,7 +117,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # runs as root (CI), the worker runs a quiet_machine test at nice -10: the server and client the
 # test starts inherit it and take the CPU first, and the suite's other tests are background load
 # to them, as a user's other programs are. Without root a nice value cannot be lowered again, so
-# scripts/test runs two workers there.
+# scripts/test runs two workers there. The cross-night tests whose claim is the size of tonight's
+# change (a 10% drop estimated as one, no drop staying green) are marked too: their nights are
+# built around a level the test measured moments before, and a burst of load on tonight alone
+# (seen: tok/s CV 27%, a 33% "drop") made the estimate's interval miss the 10%.
 QUIET_MACHINE = "quiet_machine"
 QUIET_MACHINE_NICE = -10
 

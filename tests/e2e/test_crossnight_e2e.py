@@ -19,6 +19,8 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 if TYPE_CHECKING:
     from conftest import Project
 
@@ -84,6 +86,7 @@ def _one_real_night(project: Project, history: Path) -> dict[str, Any]:
     return line
 
 
+@pytest.mark.quiet_machine  # tonight's size against a level measured moments before
 def test_a_ten_percent_drop_from_night_20_fails_the_night_with_its_start_and_cause(
     project: Project,
 ) -> None:
@@ -124,6 +127,7 @@ def test_a_ten_percent_drop_from_night_20_fails_the_night_with_its_start_and_cau
     assert tonight["tests"][0]["outcome"] == "fail"
 
 
+@pytest.mark.quiet_machine  # tonight's size against a level measured moments before
 def test_the_same_nights_without_a_drop_stay_green_and_say_what_a_night_can_see(
     project: Project,
 ) -> None:
