@@ -1,8 +1,11 @@
-"""A disk memo of the sequential plan's calibration (:mod:`pytest_specdecode.stats.sequential`).
+"""A disk memo of the sequential plan's calibration (:mod:`pytest_specdecode.stats.sequential`)
+and of the power analysis' noncentrality (:mod:`pytest_specdecode.stats.power_analysis`).
 
 Calibrating a plan simulates 200,000 seeded paths of the Welch test at every look: 0.4-1.4 s of
 CPU for each distinct (looks, alpha, spending, baseline size), paid by every pytest process that
-compares, every night, for a result that is a pure function of those inputs. The result is kept
+compares, every night, for a result that is a pure function of those inputs. Solving for the
+noncentrality of the minimum detectable effect takes 3 ms, but its root finder's import
+(``scipy.optimize``) costs every comparing process about 0.17 s. The result is kept
 in ``$XDG_CACHE_HOME/pytest-specdecode/calibration/`` (``~/.cache`` without it;
 ``PYTEST_SPECDECODE_CALIBRATION_CACHE`` moves it), one small JSON file per key, and read back
 bit for bit (JSON floats round-trip exactly).
@@ -35,6 +38,15 @@ def cache_dir() -> Path:
         return Path(chosen)
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root) / "pytest-specdecode" / "calibration"
+
+
+def library_versions() -> dict[str, str]:
+    """The numpy and scipy versions a stored result depends on (the random streams, the special
+    functions); reading scipy's imports its top package only, not the modules that cost."""
+    import numpy
+    import scipy
+
+    return {"numpy": str(numpy.__version__), "scipy": str(scipy.__version__)}
 
 
 def code_digest(functions: Sequence[Callable[..., Any]]) -> str:

@@ -38,7 +38,7 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from pytest_specdecode.stats.calibration_cache import code_digest, memoized
+from pytest_specdecode.stats.calibration_cache import code_digest, library_versions, memoized
 from pytest_specdecode.stats.comparison import (
     DEFAULT_RESAMPLES,
     Comparison,
@@ -131,17 +131,10 @@ def _nominal_look_alphas(
         "n_baseline": n_baseline,
         "paths": _CALIBRATION_PATHS,
         "seed": _CALIBRATION_SEED,
-        "numpy": np.__version__,
-        "scipy": _scipy_version(),
+        **library_versions(),
         "code": code_digest((_simulate_look_alphas, _spent, welch_terms)),
     }
     return memoized(key, lambda: _simulate_look_alphas(looks, alpha, spending, n_baseline))
-
-
-def _scipy_version() -> str:
-    import scipy
-
-    return str(scipy.__version__)
 
 
 def _simulate_look_alphas(

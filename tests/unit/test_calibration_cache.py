@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from pytest_specdecode.stats import sequential
+from pytest_specdecode.stats import power_analysis, sequential
 from pytest_specdecode.stats.calibration_cache import cache_dir, code_digest, memoized
 from pytest_specdecode.stats.sequential import SequentialPlan
 
@@ -72,3 +75,36 @@ def test_the_plans_levels_come_from_the_simulation_and_then_from_the_cache(
     sequential._nominal_look_alphas.cache_clear()
     assert plan.look_alphas() == tuple(value / 2 for value in simulated)
     sequential._nominal_look_alphas.cache_clear()
+
+
+MDE_IN_A_FRESH_PROCESS = """
+import json, sys
+from pytest_specdecode.stats.power_analysis import min_detectable_effect
+mde = min_detectable_effect(5, 15, 0.03, 0.05)
+print(json.dumps([mde, "scipy.optimize" in sys.modules]))
+"""
+
+
+def test_the_mdes_noncentrality_is_solved_once_and_later_processes_skip_the_root_finder(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "PYTEST_SPECDECODE_CALIBRATION_CACHE": str(tmp_path)}
+
+    def fresh_process() -> tuple[float, bool]:
+        done = subprocess.run(
+            [sys.executable, "-c", MDE_IN_A_FRESH_PROCESS],
+            env=env, capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        mde, imported = json.loads(done.stdout)
+        return float(mde), bool(imported)
+
+    first, solved = fresh_process()
+    assert solved  # the first process solved it, with scipy.optimize's brentq
+    (stored,) = tmp_path.glob("*.json")
+    assert json.loads(stored.read_text())["key"]["noncentrality_for_power"] == [5, 15, 0.05, 0.8]
+    again, imported = fresh_process()
+    assert again == first  # bit for bit
+    assert not imported  # read from the cache: the root finder was never imported
+    # and the stored value is what this process solves
+    stored_value = json.loads(stored.read_text())["values"][0]
+    assert power_analysis._solve_noncentrality(5, 15, 0.05, 0.8) == stored_value
