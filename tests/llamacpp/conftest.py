@@ -1,6 +1,6 @@
 """Fixtures for tests against a real llama.cpp ``llama-server`` and generated tiny models.
 
-The binary comes from ``bash scripts/build-llama-server.sh`` (about 7 minutes on 2 cores, cached
+The binary comes from ``bash scripts/build-llama-server.sh`` (about 5 minutes on 2 cores, cached
 outside the clone) or from ``SPECDECODE_LLAMA_SERVER``. Without it these tests are skipped,
 unless ``SPECDECODE_REQUIRE_LLAMACPP=1`` (CI, after building): then they fail, so a missing
 build cannot turn into a quietly green run. The models are generated once per session into a

@@ -295,10 +295,10 @@ def test_a_recorded_baseline_passes_and_a_slower_configuration_fails_against_it(
     assert message is not None, text
     baseline_tok_s, current_tok_s, ratio, upper = map(float, message.groups())
     assert current_tok_s < baseline_tok_s
-    # below 0.5 when the suite ran on one worker; the CPU is shared with whatever else runs
-    # (0.504 beside two other test workers): the claim is the FAIL against the -20% margin
-    assert ratio < 0.65
-    assert upper < 0.8
+    # The claim is the FAIL against the -20% margin: the whole interval below 0.8. How far below
+    # depends on what shares the CPU while each side is measured (below 0.5 on one worker, 0.504
+    # and 0.671 beside two other llama.cpp tests on two machines of the CI kind).
+    assert ratio < upper < 0.8
     assert re.search(
         r"accept length vs eagle3-fixed's baseline: FAIL\. Baseline 4\.846 tokens/step "
         r"\(n=4, CV 0\.0%\), current 1 tokens/step \(n=3, CV 0\.0%\); ratio 0\.20\d",
