@@ -5,8 +5,8 @@ A test records its runs on the server the session gave it (the first launch); on
 last planned test has released that server, :class:`BaselineLaunches` relaunches it as often as
 the baselines want, measuring every recorded test of the profile again in each launch. Whether
 what was recorded may become a baseline at all (not too noisy) is :func:`recording_outcome`;
-writing it is the session's, with :func:`whole_launches` saying whether its samples keep their
-launch structure.
+writing it is the session's, with :func:`baseline_layout` saying which samples and launch
+structure the file gets.
 
 These launches run after pytest has reported the tests they measure (in the teardown of the
 profile's last test, or at the session's end), so a refusal or a failed launch is recorded on
@@ -131,10 +131,34 @@ def recording_outcome(
     return Outcome.RECORDED, f"recorded {runs} runs{over}"
 
 
-def whole_launches(result: SpecdecodeResult) -> bool:
-    """Every metric has one value per run of the launches (else the record is one launch)."""
+def baseline_layout(
+    result: SpecdecodeResult,
+) -> tuple[dict[str, tuple[float, ...]], tuple[int, ...], list[str]]:
+    """The samples and runs per launch a recorded result's baseline gets, and a line for each
+    metric left out of it.
+
+    A metric needs one value per run to be split into launches. One that some runs did not
+    yield (the ITL percentiles, when a short response arrived in one chunk on a slow machine)
+    is left out of a baseline of several launches, and named, so that the launch layout of the
+    metrics every run measured, tok/s first, is kept; before, one missing ITL value recorded the
+    whole baseline as a single launch without a word. One launch keeps every metric.
+    """
+    samples = {name: tuple(values) for name, values in result.samples.items()}
     total = sum(result.launch_runs)
-    return all(len(values) == total for values in result.samples.values())
+    uneven = sorted(name for name, values in samples.items() if len(values) != total)
+    if not uneven:
+        return samples, tuple(result.launch_runs), []
+    whole = {name: values for name, values in samples.items() if name not in uneven}
+    if len(result.launch_runs) < 2 or not whole:
+        return samples, (), []
+    launches = len(result.launch_runs)
+    notes = [
+        f"{name} is left out of the baseline: {len(samples[name])} of the {total} runs yielded "
+        f"it, and a baseline over {launches} server launches needs one value per run "
+        "(a longer workload gives every run one)"
+        for name in uneven
+    ]
+    return whole, tuple(result.launch_runs), notes
 
 
 class BaselineLaunches:

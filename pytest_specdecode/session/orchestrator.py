@@ -45,7 +45,7 @@ from pytest_specdecode.servers.handle import ServerCounts, ServerHandle
 from pytest_specdecode.servers.pool import ServerPool
 from pytest_specdecode.servers.readiness import DEFAULT_READY_GRACE, Progress
 from pytest_specdecode.session.attached import AttachedServers
-from pytest_specdecode.session.baseline_launches import BaselineLaunches, whole_launches
+from pytest_specdecode.session.baseline_launches import BaselineLaunches, baseline_layout
 from pytest_specdecode.session.measurement import Measurer
 from pytest_specdecode.session.provenance import (
     GpuInfo,
@@ -456,6 +456,8 @@ class SpecdecodeSession:
         for result in results:
             if result.outcome is not Outcome.RECORDED:
                 continue
+            samples, launch_runs, left_out = baseline_layout(result)
+            result.warnings.extend(left_out)
             record = BaselineRecord(
                 test_id=result.test_id,
                 profile=result.profile,
@@ -464,10 +466,10 @@ class SpecdecodeSession:
                 workload_name=result.workload_name,
                 workload_hash=result.workload_hash,
                 fingerprint=result.fingerprint,
-                samples={k: tuple(v) for k, v in result.samples.items()},
+                samples=samples,
                 provenance=result.provenance,
                 created_unix=time.time(),
-                launch_runs=tuple(result.launch_runs) if whole_launches(result) else (),
+                launch_runs=launch_runs,
             )
             try:
                 updates.append(
