@@ -5,8 +5,8 @@ A test records its runs on the server the session gave it (the first launch); on
 last planned test has released that server, :class:`BaselineLaunches` relaunches it as often as
 the baselines want, measuring every recorded test of the profile again in each launch. Whether
 what was recorded may become a baseline at all (not too noisy) is :func:`recording_outcome`;
-writing it is the session's, with :func:`baseline_layout` saying which samples and launch
-structure the file gets.
+writing it is the session's, from :func:`baseline_record` (which samples and launch structure
+the file gets).
 
 These launches run after pytest has reported the tests they measure (in the teardown of the
 profile's last test, or at the session's end), so a refusal or a failed launch is recorded on
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pytest_specdecode.backends import backend_for
+from pytest_specdecode.baselines.baseline import BaselineRecord
 from pytest_specdecode.baselines.store import NOISE_HINT, noise_problem
 from pytest_specdecode.errors import SpecdecodeError
 from pytest_specdecode.markers import MarkerSpec
@@ -131,11 +132,10 @@ def recording_outcome(
     return Outcome.RECORDED, f"recorded {runs} runs{over}"
 
 
-def baseline_layout(
-    result: SpecdecodeResult,
-) -> tuple[dict[str, tuple[float, ...]], tuple[int, ...], list[str]]:
-    """The samples and runs per launch a recorded result's baseline gets, and a line for each
-    metric left out of it.
+def baseline_record(
+    result: SpecdecodeResult, *, created_unix: float
+) -> tuple[BaselineRecord, list[str]]:
+    """The baseline a RECORDED result becomes, and a line for each metric left out of it.
 
     A metric needs one value per run to be split into launches. One that some runs did not
     yield (the ITL percentiles, when a short response arrived in one chunk on a slow machine)
@@ -144,21 +144,35 @@ def baseline_layout(
     whole baseline as a single launch without a word. One launch keeps every metric.
     """
     samples = {name: tuple(values) for name, values in result.samples.items()}
-    total = sum(result.launch_runs)
+    launch_runs = tuple(result.launch_runs)
+    total = sum(launch_runs)
     uneven = sorted(name for name, values in samples.items() if len(values) != total)
-    if not uneven:
-        return samples, tuple(result.launch_runs), []
     whole = {name: values for name, values in samples.items() if name not in uneven}
-    if len(result.launch_runs) < 2 or not whole:
-        return samples, (), []
-    launches = len(result.launch_runs)
-    notes = [
-        f"{name} is left out of the baseline: {len(samples[name])} of the {total} runs yielded "
-        f"it, and a baseline over {launches} server launches needs one value per run "
-        "(a longer workload gives every run one)"
-        for name in uneven
-    ]
-    return whole, tuple(result.launch_runs), notes
+    notes: list[str] = []
+    if uneven and (len(launch_runs) < 2 or not whole):
+        launch_runs = ()  # one launch of however many runs
+    elif uneven:
+        samples = whole
+        notes = [
+            f"{name} is left out of the baseline: {len(result.samples[name])} of the {total} "
+            f"runs yielded it, and a baseline over {len(launch_runs)} server launches needs one "
+            "value per run (a longer workload gives every run one)"
+            for name in uneven
+        ]
+    record = BaselineRecord(
+        test_id=result.test_id,
+        profile=result.profile,
+        hardware_key=result.hardware_key,
+        simulated=result.simulated,
+        workload_name=result.workload_name,
+        workload_hash=result.workload_hash,
+        fingerprint=result.fingerprint,
+        samples=samples,
+        provenance=result.provenance,
+        created_unix=created_unix,
+        launch_runs=launch_runs,
+    )
+    return record, notes
 
 
 class BaselineLaunches:

@@ -26,7 +26,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pytest_specdecode.backends import backend_for
-from pytest_specdecode.baselines.baseline import BaselineRecord
 from pytest_specdecode.baselines.store import BaselineStore, BaselineUpdate
 from pytest_specdecode.errors import BaselineError, ConfigError, ServerError, ServerStartError
 from pytest_specdecode.fleet import EngineTLS, Need, Placement, device_gpus, engine, place
@@ -45,7 +44,7 @@ from pytest_specdecode.servers.handle import ServerCounts, ServerHandle
 from pytest_specdecode.servers.pool import ServerPool
 from pytest_specdecode.servers.readiness import DEFAULT_READY_GRACE, Progress
 from pytest_specdecode.session.attached import AttachedServers
-from pytest_specdecode.session.baseline_launches import BaselineLaunches, baseline_layout
+from pytest_specdecode.session.baseline_launches import BaselineLaunches, baseline_record
 from pytest_specdecode.session.measurement import Measurer
 from pytest_specdecode.session.provenance import (
     GpuInfo,
@@ -456,21 +455,8 @@ class SpecdecodeSession:
         for result in results:
             if result.outcome is not Outcome.RECORDED:
                 continue
-            samples, launch_runs, left_out = baseline_layout(result)
+            record, left_out = baseline_record(result, created_unix=time.time())
             result.warnings.extend(left_out)
-            record = BaselineRecord(
-                test_id=result.test_id,
-                profile=result.profile,
-                hardware_key=result.hardware_key,
-                simulated=result.simulated,
-                workload_name=result.workload_name,
-                workload_hash=result.workload_hash,
-                fingerprint=result.fingerprint,
-                samples=samples,
-                provenance=result.provenance,
-                created_unix=time.time(),
-                launch_runs=launch_runs,
-            )
             try:
                 updates.append(
                     self.store.write(
