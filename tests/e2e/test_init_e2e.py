@@ -46,6 +46,7 @@ def sh(cwd: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.quiet_machine  # records a baseline, then must PASS against it
 def test_the_written_suite_records_its_baseline_and_passes(
     fresh: tuple[Path, dict[str, str]],
 ) -> None:

@@ -47,6 +47,7 @@ def _png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
+@pytest.mark.quiet_machine  # records baselines, then compares live figures with them
 def test_every_output_of_a_nightly_session(project, monkeypatch):
     project.tests(TESTS)
     project.run(*RECORD).assert_outcomes(passed=2)

@@ -26,6 +26,9 @@ from pytest_specdecode.sim.tokenizer import OutputTokens
 
 from .conftest import EAGLE3_2STEP, EAGLE3_5STEP, NCCL_TUNED, SimProcess, StartSim
 
+# Client-seen ratios and lags against the model's clock: tests/conftest.py says why these run alone.
+pytestmark = pytest.mark.quiet_machine
+
 #: 16 tokens with the sim's tokenizer (BOS, 14 words, a full stop), like the seed's short prompt.
 PROMPT = "Explain speculative decoding and why the verify step dominates the cycle time here today."
 BENCH = {"max_new_tokens": 500, "temperature": 0, "ignore_eos": True}
