@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate README.md's options table from pytest_specdecode/settings.py OPTIONS.
+"""Regenerate README.md's options table from pytest_specdecode/settings/options.py OPTIONS.
 
     python scripts/gen-options-table.py           # rewrite the table in README.md
     python scripts/gen-options-table.py --check   # exit 1 (and say so) when it is out of date

@@ -44,7 +44,7 @@ def test_the_readme_options_table_is_the_one_generated_from_settings() -> None:
     gen = generator()
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert readme_table(readme, gen) == options_table(), (
-        f"README.md's options table differs from pytest_specdecode/settings.py OPTIONS: run "
+        f"README.md's options table differs from pytest_specdecode/settings/options.py OPTIONS: run "
         f"`{REGENERATE}` and commit README.md"
     )
 
