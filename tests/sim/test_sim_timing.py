@@ -222,10 +222,16 @@ def test_a_request_the_host_delays_before_the_sim_reads_it_is_timed_from_its_sen
     assert "Ignoring header x-specdecode-sent-monotonic: 'soon'" in sim.log()
 
 
-def test_64_streams_at_speed_50_finish_on_the_models_schedule(start_sim: StartSim) -> None:
+def test_64_streams_at_speed_20_finish_on_the_models_schedule(start_sim: StartSim) -> None:
+    """64 streams are the sim's heaviest work (every step's tokens go out on 64 streams). At
+    speed 20 a slow 2-core CI machine keeps up (the engine at most 9-30 ms behind in a 2.4 s
+    run); at speed 50 the same machine, with nothing else running, could not (0.15-0.42 s
+    behind in a 1.1 s run, three of six runs over the bound below): the totals still held, but
+    the bound would have tested the machine's speed, not the schedule."""
+    speed = 20
     sim = start_sim(
         "--max-running-requests", "64", "--enable-metrics", "--sim-noise-cv", "0",
-        env=NCCL_TUNED, speed=50,
+        env=NCCL_TUNED, speed=speed,
     )  # fmt: skip
     tokens = 600
     results = asyncio.run(_concurrent_streams(sim.base_url, 64, tokens))
@@ -236,7 +242,8 @@ def test_64_streams_at_speed_50_finish_on_the_models_schedule(start_sim: StartSi
     # The engine's own schedule: every one of the 599 decode steps runs the whole batch of 64
     # (costs.decode(64)) once all have been admitted; admissions add prefill steps and a spread.
     constants = model.load_constants()
-    costs = model.step_costs(model.PerfConfig(8, True, 4, None, 0, 1, 1, 1.0, speed=50), constants)
+    config = model.PerfConfig(8, True, 4, None, 0, 1, 1, 1.0, speed=speed)
+    costs = model.step_costs(config, constants)
     full_batch = (tokens - 1) * costs.decode(64)
     assert full_batch * 0.98 <= span <= full_batch + arrival_spread + 64 * costs.prefill(20) + 0.05
     server_lag = [r["response_sent_to_client_ts"] - r["request_finished_ts"] for r in results]
@@ -245,16 +252,16 @@ def test_64_streams_at_speed_50_finish_on_the_models_schedule(start_sim: StartSi
         "sim_engine_max_lag_seconds"
     ]
     print(
-        f"\n64 streams @50x: span {span:.3f}s (full-batch model {full_batch:.3f}s, arrivals "
+        f"\n64 streams @{speed:g}x: span {span:.3f}s (full-batch model {full_batch:.3f}s, arrivals "
         f"spread {arrival_spread:.3f}s); engine max lag {engine_lag:.4f}s; final chunk sent "
         f"{max(server_lag):.4f}s max after its model time, received {max(delivery_lag):.4f}s max "
         f"(mean {sum(delivery_lag) / len(delivery_lag):.4f}s)"
     )
-    # Not falling behind: the server's lags are event-loop scheduling delays on a busy box (tens
-    # of ms) that do not accumulate with tokens; 20% of the ~1 s run leaves room for a loaded CI
-    # box. Receipt (delivery_lag, printed) adds the test client, one Python process reading all
-    # 64 streams: the client's and the machine's business, as above, and not asserted (0.1 s on
-    # a loaded 2-core box, 0.42 s beside another test worker).
+    # Not falling behind: the server's lags are event-loop scheduling delays (tens of ms) that do
+    # not accumulate with tokens; 20% of the ~2.4 s run leaves room for a slow CI machine. Receipt
+    # (delivery_lag, printed) adds the test client, one Python process reading all 64 streams: the
+    # client's and the machine's business, as above, and not asserted (0.1 s on a loaded 2-core box,
+    # 0.42 s beside another test worker).
     assert engine_lag < 0.2 * span
     assert max(server_lag) < 0.2 * span
 

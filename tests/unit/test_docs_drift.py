@@ -44,8 +44,8 @@ def test_the_readme_options_table_is_the_one_generated_from_settings() -> None:
     gen = generator()
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert readme_table(readme, gen) == options_table(), (
-        f"README.md's options table differs from pytest_specdecode/settings/options.py OPTIONS: run "
-        f"`{REGENERATE}` and commit README.md"
+        "README.md's options table differs from OPTIONS in pytest_specdecode/settings/options.py: "
+        f"run `{REGENERATE}` and commit README.md"
     )
 
 
