@@ -1,10 +1,12 @@
 """The shipped example suite, run the way the README says: ``pytest perf_tests`` from the
 repository root, against the committed (simulated) baselines, without a GPU.
 
-Nothing changed since the baselines were recorded, so no test may fail; an INCONCLUSIVE verdict
-(xfail by default) is allowed, since the seed's claim "+5% over no speculation" sits close to the
-simulated +6%. The committed baselines are only read. This takes about a minute and a half (four
-simulated servers at 10x the seed's speed, 500-token requests).
+Nothing changed since the baselines were recorded, so every check must hold (PASS, or
+INCONCLUSIVE: xfail by default), but for one: the seed's claim "+5% over no speculation" sits so
+close to the simulated +5.5-6% that a machine slower than the one that recorded the baselines
+can FAIL it by a near miss (tests/shipped_suite.py says how near). The committed baselines are
+only read. This takes about a minute and a half (four simulated servers at 10x the seed's speed,
+500-token requests).
 """
 
 from __future__ import annotations
@@ -15,16 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from shipped_suite import near_misses, snapshot
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def snapshot(directory: Path) -> dict[str, bytes]:
-    return {
-        str(path.relative_to(directory)): path.read_bytes()
-        for path in sorted(directory.rglob("*"))
-        if path.is_file() and not path.name.endswith(".lock")
-    }
 
 
 @pytest.mark.quiet_machine  # the borderline claim: tests/conftest.py says why
@@ -39,6 +34,7 @@ def test_pytest_perf_tests_passes_against_the_committed_baselines(tmp_path: Path
         if not name.startswith(("PYTEST_", "SPECDECODE_SIM_"))
     }
     env["PYTEST_SPECDECODE_STATE_DIR"] = str(tmp_path / "state")
+    env["PYTEST_SPECDECODE_REPORT"] = str(tmp_path / "report.json")
     command = [sys.executable, "-m", "pytest", "perf_tests", "-p", "no:cacheprovider", "-rA"]
     result = subprocess.run(
         [*command, "--basetemp", str(tmp_path / "basetemp")],
@@ -50,8 +46,10 @@ def test_pytest_perf_tests_passes_against_the_committed_baselines(tmp_path: Path
         check=False,
     )
     out = result.stdout
-    assert result.returncode == 0, out + result.stderr
-    assert " failed" not in out.splitlines()[-1]
+    assert (tmp_path / "report.json").is_file(), out + result.stderr
+    missed = near_misses(tmp_path / "report.json")  # every other check held
+    assert result.returncode == (1 if missed else 0), out + result.stderr
+    assert (" 1 failed" in out.splitlines()[-1]) == bool(missed), out
     assert "SIMULATED: these figures come from pytest-specdecode's simulated SGLang server" in out
     for test in (
         "test_no_speculation_nccl_tuned",
@@ -62,6 +60,7 @@ def test_pytest_perf_tests_passes_against_the_committed_baselines(tmp_path: Path
         row = next((line for line in out.splitlines() if line.startswith(f"| {test} ")), None)
         assert row is not None, out
         verdict = row.strip("|").split("|")[-1].strip()
-        assert verdict.split(";")[0] in ("PASS", "INCONCLUSIVE"), row
+        near_miss = missed and test == "test_eagle3_2step_nccl_beats_no_speculation"
+        assert verdict.split(";")[0] in (("FAIL",) if near_miss else ("PASS", "INCONCLUSIVE")), row
         assert "(simulated)" in row
     assert snapshot(baselines) == before  # read, never written
