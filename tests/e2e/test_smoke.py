@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 
+
+@pytest.mark.quiet_machine  # records a baseline, then must PASS against it
 def test_record_then_pass(quiet_project):
     # Quiet sims at 20x: at the default profiles' 50x, two 64-token requests a run are so short
     # that a busy box's client measured 24% below a baseline recorded seconds earlier (CI, 2
