@@ -161,6 +161,27 @@ async def _sse_data(lines: AsyncIterator[str]) -> AsyncGenerator[str, None]:
         yield "\n".join(data)
 
 
+DRAIN_SECONDS = 1.0
+"""How long the client waits, after ``[DONE]``, for the server to end the response body so that
+the connection can be reused; a server that keeps it open longer gets it closed instead."""
+KEEPALIVE_SECONDS = 1.0
+"""How long an idle connection stays in the pool: well under the keep-alive timeout of SGLang's
+and llama-server's HTTP servers (5 s), so the client never sends on a connection the server is
+closing at that moment; the requests of a run follow each other within milliseconds."""
+
+
+async def _drain(stream: AsyncIterator[str]) -> None:
+    """Read what follows ``[DONE]`` (normally nothing but the end of the body) for at most
+    :data:`DRAIN_SECONDS`; events after it carry nothing and are ignored."""
+
+    async def to_end() -> None:
+        async for _ in stream:
+            pass
+
+    with contextlib.suppress(asyncio.TimeoutError, httpx.HTTPError):
+        await asyncio.wait_for(to_end(), timeout=DRAIN_SECONDS)
+
+
 # --- stalls ------------------------------------------------------------------------------------
 
 STALL_INITIAL = 120.0
@@ -260,7 +281,11 @@ class MeasurementClient:
             headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
             timeout=httpx.Timeout(request_timeout, connect=connect_timeout),
             # Our semaphore bounds the requests in flight; the pool must never queue them.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+            limits=httpx.Limits(
+                max_connections=None,
+                max_keepalive_connections=None,
+                keepalive_expiry=KEEPALIVE_SECONDS,
+            ),
             transport=transport,
             trust_env=net.trust_env(url),  # local: direct; remote: the user's proxy settings
             verify=net.tls_context(url),
@@ -320,9 +345,18 @@ class MeasurementClient:
         slots = asyncio.Semaphore(workload.concurrency)
 
         async def one(number: int, prompt: Prompt) -> RequestRecord:
-            async with slots:
+            await slots.acquire()
+            held = True
+
+            def answered() -> None:
+                nonlocal held
+                if held:
+                    held = False
+                    slots.release()
+
+            try:
                 try:
-                    return await self._send(adapter, prompt, workload)
+                    return await self._send(adapter, prompt, workload, answered)
                 except RequestError as exc:
                     where = f"{label}, request {number} of {len(prompts)} ({prompt.kind} prompt)"
                     raise RequestError(
@@ -332,6 +366,8 @@ class MeasurementClient:
                         stalled=exc.stalled,
                         timed_out=exc.timed_out,
                     ) from exc
+            finally:
+                answered()
 
         t_start = time.perf_counter()
         tasks = [asyncio.ensure_future(one(n, p)) for n, p in enumerate(prompts, 1)]
@@ -344,10 +380,18 @@ class MeasurementClient:
             failure = None if task.cancelled() else task.exception()
             if failure is not None:
                 raise failure  # the lowest-numbered failed request; the others were cancelled
-        return tuple(task.result() for task in tasks), t_start, t_end
+        records = tuple(task.result() for task in tasks)
+        if records:
+            # The run ends with its last answer, not with the clean-up of its last connection.
+            t_end = max(record.t_end for record in records)
+        return records, t_start, t_end
 
     async def _send(
-        self, adapter: ProtocolAdapter, prompt: Prompt, workload: Workload
+        self,
+        adapter: ProtocolAdapter,
+        prompt: Prompt,
+        workload: Workload,
+        answered: Callable[[], None] = lambda: None,
     ) -> RequestRecord:
         path, body = adapter.request(prompt, workload)
         url = self._display_url + path
@@ -357,10 +401,11 @@ class MeasurementClient:
         if self._simulated:
             headers = {**headers, SIM_SENT_AT_HEADER: repr(time.monotonic())}
         try:
-            send = self._stream if adapter.streaming else self._post
-            t_end = await asyncio.wait_for(
-                send(adapter, path, body, headers, timeline), timeout=self._request_timeout
-            )
+            if adapter.streaming:
+                sent = self._stream(adapter, path, body, headers, timeline, answered)
+            else:
+                sent = self._post(adapter, path, body, headers, timeline)
+            t_end = await asyncio.wait_for(sent, timeout=self._request_timeout)
             return timeline.record(prompt, t_start, t_end, streamed=adapter.streaming)
         except RequestError as exc:
             raise self._error(f"{url}: {exc}", url, exc.status, timed_out=exc.timed_out) from exc
@@ -426,9 +471,14 @@ class MeasurementClient:
         body: dict[str, object],
         headers: Mapping[str, str],
         timeline: _Timeline,
+        answered: Callable[[], None],
     ) -> float:
+        """Stream one request; its time ends at ``[DONE]``. ``answered`` is called there, so
+        that a sequential client sends its next request before this one's connection is
+        tidied up (the request is answered; what follows is the client's housekeeping)."""
         stall = self._stall
         last = time.perf_counter()
+        t_done: float | None = None
         async with self._http.stream(
             "POST", path, json=body, headers=headers, timeout=self._timeout(streaming=True)
         ) as response:
@@ -452,7 +502,12 @@ class MeasurementClient:
                     last = now
                     if payload.strip() == "[DONE]":
                         timeline.done = True
-                        # SGLang ends the response here; bench_serving does not reuse it either.
+                        t_done = now
+                        answered()
+                        await asyncio.sleep(0)  # the next request goes out first
+                        # Reading on to the end of the body (SGLang ends it right after
+                        # [DONE]) hands the connection back to the pool instead of closing it.
+                        await _drain(stream)
                         break
                     try:
                         data = json.loads(payload)
@@ -464,7 +519,7 @@ class MeasurementClient:
                     update = adapter.parse_event(data)
                     if update is not None:
                         timeline.apply(update, now)
-        t_end = time.perf_counter()
+        t_end = time.perf_counter() if t_done is None else t_done
         if not timeline.done or timeline.finish_reason is None:
             missing = "[DONE]" if timeline.finish_reason is not None else "a final chunk"
             raise RequestError(

@@ -1,0 +1,142 @@
+"""The client's connections to a real socket: what follows ``[DONE]`` (issue 27, item 2).
+
+A request is measured to its ``[DONE]``; the client then reads on to the end of the body so that
+the connection goes back to the pool, and a sequential client's next request is sent before
+that tidying-up. A server that keeps the body open after ``[DONE]`` costs at most
+``DRAIN_SECONDS`` of a connection, never a measured second. These run against a small HTTP/1.1
+server on a socket (``httpx.MockTransport`` has no connections to reuse).
+"""
+
+from __future__ import annotations
+
+import json
+import socketserver
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from pytest_specdecode import client as client_module
+from pytest_specdecode.client import MeasurementClient
+from pytest_specdecode.workloads import Prompt, Workload
+
+PROMPTS = (Prompt("code", "Write a function."), Prompt("chat", "Plan my weekend."))
+
+
+@dataclass
+class SseServer:
+    """Answers every POST with a chunked SGLang /generate stream of three chunks and
+    ``[DONE]``, then ends the body at once, or ``linger`` seconds later."""
+
+    linger: float = 0.0
+    connections: int = 0
+    received: list[float] = field(default_factory=list)  # perf_counter of each request
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _event(tokens: int, final: bool) -> bytes:
+    meta = {
+        "id": "r1",
+        "finish_reason": {"type": "length", "length": tokens} if final else None,
+        "prompt_tokens": 12,
+        "completion_tokens": tokens,
+        "cached_tokens": 0,
+    }
+    body = {"text": "x" * tokens, "output_ids": list(range(tokens)), "meta_info": meta}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _handler(state: SseServer) -> type[socketserver.StreamRequestHandler]:
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            with state.lock:
+                state.connections += 1
+            while True:  # HTTP/1.1 keep-alive: one request after another on this connection
+                request_line = self.rfile.readline()
+                if not request_line:
+                    return
+                length = 0
+                while (line := self.rfile.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = line.decode("latin-1").partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                self.rfile.read(length)
+                with state.lock:
+                    state.received.append(time.perf_counter())
+                self.wfile.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n"
+                )
+                for tokens in (1, 2, 3):
+                    self.wfile.write(_chunk(_event(tokens, final=tokens == 3)))
+                    self.wfile.flush()
+                    time.sleep(0.01)
+                self.wfile.write(_chunk(b"data: [DONE]\n\n"))
+                self.wfile.flush()
+                if state.linger:
+                    time.sleep(state.linger)
+                try:
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except OSError:
+                    return  # the client gave up on this connection
+
+    return Handler
+
+
+@pytest.fixture
+def sse_server() -> Iterator[tuple[str, SseServer]]:
+    state = SseServer()
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _handler(state))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def sequential(requests: int) -> Workload:
+    return Workload("unit", "inline", PROMPTS, requests_per_run=requests, concurrency=1)
+
+
+def test_a_sequential_run_reuses_its_connections_when_the_body_ends_after_done(sse_server):
+    url, state = sse_server
+    with MeasurementClient(url) as client:
+        run = client.run(sequential(6), run_index=0)
+
+    # The next request goes out at [DONE], while the previous one's connection is still being
+    # read to its end: two connections take turns, instead of one new connection per request.
+    assert state.connections <= 2
+    assert [r.completion_tokens for r in run.records] == [3] * 6
+    for before, after in zip(run.records, run.records[1:], strict=False):
+        assert before.t_end <= after.t_start
+    assert run.t_end == run.records[-1].t_end  # the run ends with its last answer
+
+
+def test_a_body_kept_open_after_done_costs_a_connection_not_measured_time(sse_server, monkeypatch):
+    url, state = sse_server
+    state.linger = 5.0  # never ends the body within the drain bound
+    monkeypatch.setattr(client_module, "DRAIN_SECONDS", 0.3)
+    started = time.perf_counter()
+    with MeasurementClient(url) as client:
+        run = client.run(sequential(3), run_index=0)
+    took = time.perf_counter() - started
+
+    assert took < 3.0, "each lingering body is given up after DRAIN_SECONDS, not 5 s"
+    assert state.connections == 3  # none of them could be reused
+    for before, after in zip(run.records, run.records[1:], strict=False):
+        # The next request went out at the previous one's [DONE], not after its drain.
+        assert after.t_start - before.t_end < 0.2
+    for record in run.records:
+        assert record.t_end - record.t_start < 0.25  # three chunks 10 ms apart, then [DONE]
+    assert run.t_end - run.t_start < 0.75  # the wall time holds no drain
+    assert len(state.received) == 3
