@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,11 @@ scheduler_log = logging.getLogger("pytest_specdecode.sim.scheduler")
 
 #: Longest stretch of back-to-back catch-up steps before the engine lets the event loop run I/O.
 _MAX_CATCH_UP_SECONDS = 0.005
+#: The event loop's timer granularity: epoll waits in whole milliseconds, rounded up, so an
+#: ``asyncio.sleep`` ends up to 1 ms after its deadline (0.5 ms on average).
+_LOOP_TIMER_RESOLUTION = 0.001
+#: Up to this many running requests, a step that may finish one ends on time (see ``_sleep``).
+_ON_TIME_MAX_BATCH = 4
 _PREFIX_CACHE_ENTRIES = 100_000
 
 
@@ -257,9 +263,10 @@ class Engine:
             if step is None:
                 continue
             deadline = self.now + step.duration
+            on_time = self._may_finish(step)
             delay = deadline - loop.time()
             if delay > 0:
-                await asyncio.sleep(delay)
+                await self._sleep_until(deadline, delay, on_time)
                 burst_start = loop.time()
             elif loop.time() - burst_start > _MAX_CATCH_UP_SECONDS:
                 # Still behind: catch up, but let the HTTP side breathe now and then.
@@ -273,6 +280,43 @@ class Engine:
             else:
                 self._apply_decode(step.duration)
             self.last_output_time = loop.time()
+
+    async def _sleep_until(self, deadline: float, delay: float, on_time: bool) -> None:
+        """Sleep until ``deadline``; with ``on_time``, to within the kernel's timer slack.
+
+        A request's last token is the end of its measured time, and the next request of a
+        sequential client starts only after it: the loop's up-to-1-ms lateness there is host
+        time in every request, which ``--sim-speed 10`` makes ten times the share a GPU
+        server's own host would have. So a step that may finish a request sleeps the bulk on
+        the loop and blocks for the last millisecond; other steps keep the coarse timer (their
+        lateness does not add up: deadlines follow the model clock).
+        """
+        if not on_time:
+            await asyncio.sleep(delay)
+            return
+        coarse = delay - _LOOP_TIMER_RESOLUTION
+        if coarse > 0:
+            await asyncio.sleep(coarse)
+        rest = deadline - asyncio.get_running_loop().time()
+        if rest > 0:
+            time.sleep(rest)  # at most about 1 ms, and only at small batches
+
+    def _may_finish(self, step: _Step) -> bool:
+        """Whether ``step`` can complete a request, at a batch small enough to time it exactly
+        (:data:`_ON_TIME_MAX_BATCH`; a larger batch's requests overlap, so one request's end
+        is not the end of the client's wait, and blocking the loop would slow the streams)."""
+        if step.admitted is not None:
+            batch = step.admitted
+            if len(batch) > _ON_TIME_MAX_BATCH:
+                return False
+            return any(seq.target_tokens <= 1 for seq in batch)
+        if len(self._running) > _ON_TIME_MAX_BATCH:
+            return False
+        speculative = self._speculative
+        return any(
+            seq.target_tokens - seq.completion_tokens <= (len(seq.probs) + 1 if speculative else 1)
+            for seq in self._running
+        )
 
     def _admit_arrivals(self) -> None:
         inbox, now = self._inbox, self.now

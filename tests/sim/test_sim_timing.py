@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from pytest_specdecode.client import SIM_SENT_AT_HEADER
+from pytest_specdecode.sim import engine as engine_module
 from pytest_specdecode.sim import model
 from pytest_specdecode.sim.engine import Engine, Sequence
 from pytest_specdecode.sim.tokenizer import OutputTokens
@@ -368,3 +369,104 @@ def test_a_blocked_event_loop_delays_tokens_but_never_the_models_schedule() -> N
     # ... and it caught up: once a block ends, the consumer sees several steps at once.
     assert max(b - a for (_, a), (_, b) in itertools.pairwise(seen)) > 1
     assert engine.max_lag >= BLOCK_FOR_S - 2 * DECODE_S  # the delay really hit the engine
+
+
+# -- the last step of a request ends on time -------------------------------------------------
+
+
+def _bare_engine(max_running: int) -> Engine:
+    costs = model.StepCosts(
+        prefill_fixed=PREFILL_S,
+        prefill_per_token=0.0,
+        decode_fixed=DECODE_S,
+        per_token=0.0,
+        spec_fixed=0.0,
+        num_draft_tokens=1,
+        speculative=False,
+    )
+    return Engine(
+        costs=costs,
+        max_running_requests=max_running,
+        max_prefill_tokens=16384,
+        max_total_num_tokens=100_000,
+        decode_log_interval=1_000_000,
+        speculative=False,
+        num_draft_tokens=1,
+        disable_radix_cache=True,
+        metrics=None,
+    )
+
+
+async def _serve_together(
+    streams: int, tokens: int, on_time: list[bool], blocking: list[float]
+) -> list[Sequence]:
+    """``streams`` requests of ``tokens`` tokens, arriving together at an idle bare engine;
+    whether each step was to end on time is noted in ``on_time``, every blocking sleep the
+    engine took in ``blocking``."""
+    loop = asyncio.get_running_loop()
+    engine = _bare_engine(max_running=streams)
+    may_finish = engine._may_finish
+
+    def noting_may_finish(step: Any) -> bool:
+        on_time.append(may_finish(step))
+        return on_time[-1]
+
+    engine._may_finish = noting_may_finish  # type: ignore[method-assign]
+    runner = asyncio.ensure_future(engine.run())
+    await asyncio.sleep(0)
+    seqs = [
+        Sequence(
+            rid=f"r{i}",
+            index=i,
+            prompt_tokens=4,
+            prompt_key=i,
+            target_tokens=tokens,
+            stops_naturally=False,
+            probs=(),
+            speed=1.0,
+            rng=random.Random(i),
+            output=OutputTokens(i + 1),
+            arrival=loop.time(),
+        )
+        for i in range(streams)
+    ]
+    real_sleep = time.sleep
+
+    def noting_sleep(seconds: float) -> None:
+        blocking.append(seconds)
+        real_sleep(seconds)
+
+    engine_time = engine_module.time
+    engine_module.time = type("Clock", (), {"sleep": staticmethod(noting_sleep)})  # type: ignore[assignment]
+    try:
+        for seq in seqs:
+            engine.submit(seq)
+        for seq in seqs:
+            while not seq.finished:
+                await seq.changed.wait()
+                seq.changed.clear()
+    finally:
+        engine_module.time = engine_time
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+    return seqs
+
+
+def test_a_step_that_can_end_a_request_is_slept_to_its_deadline_not_to_the_next_millisecond():
+    """The event loop's timer wakes up to 1 ms late; a sequential client's next request waits
+    for the last token, so that lateness would be host time in every measured request. Only
+    a step that can finish a request, at a small batch, blocks for its last sub-millisecond;
+    the others keep the loop's timer (a larger batch's requests overlap, and blocking would
+    slow every stream)."""
+    on_time: list[bool] = []
+    blocking: list[float] = []
+    asyncio.run(_serve_together(1, 40, on_time, blocking))
+    # A prefill and 39 decode steps; only the last decode step can end the request.
+    assert on_time == [False] * 39 + [True]
+    assert len(blocking) <= 1  # none if the loop's timer already woke it at the deadline
+    assert all(0 < seconds <= 0.0011 for seconds in blocking)
+
+    on_time.clear()
+    seqs = asyncio.run(_serve_together(8, 40, on_time, blocking))
+    assert not any(on_time)  # more than _ON_TIME_MAX_BATCH running: the loop's timer only
+    assert all(seq.completion_tokens == 40 for seq in seqs)
