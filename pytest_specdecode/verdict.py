@@ -10,7 +10,8 @@ order: a mismatch (never compared silently), a FAIL, a missing baseline, INCONCL
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from statistics import fmean
 from typing import Any
 
 from pytest_specdecode.metrics import METRICS
@@ -175,8 +176,66 @@ def evaluate(
             ),
             warn_single_launch=warn_single_launch,
         )
+        if comparison.verdict is Verdict.FAIL and threshold.reference is not None:
+            comparison = _claim_guard(
+                threshold, comparison, values, refs, alpha_no_change, priors, method, seed
+            )
         checks.append(Check(threshold, ref, comparison))
     return tuple(checks)
+
+
+def _claim_guard(
+    threshold: Threshold,
+    comparison: Comparison,
+    values: Sequence[float],
+    refs: Mapping[str | None, BaselineRef],
+    alpha_no_change: float | None,
+    priors: Mapping[tuple[str | None, str], LaunchPrior] | None,
+    method: str,
+    seed: int | None,
+) -> Comparison:
+    """The no-change guard of a claim against another profile's baseline ("at least 5% over
+    nospec's"): a FAIL of such a claim also needs this build to be worse than its own
+    baseline at the guard's level, when that baseline met the claim as recorded. Otherwise the
+    build is as it was when the claim held, the claim sits within the noise of its line, and a
+    FAIL would be the margin's error rate (``alpha``, 15% by default) at an unchanged build,
+    which is what the guard keeps a negative margin from too. A claim that already missed its
+    line when recorded, or a test without its own baseline, is not guarded."""
+    own = refs.get(None)
+    own_stored = own.samples.get(threshold.metric) if own and own.samples else None
+    reference = refs[threshold.reference].samples or {}
+    ref_stored = reference.get(threshold.metric)
+    if alpha_no_change is None or own is None or not own_stored or not ref_stored:
+        return comparison
+    info = METRICS[threshold.metric]
+    own_mean, ref_mean = fmean(own_stored), fmean(ref_stored)
+    recorded = own_mean / ref_mean if info.higher_is_better else ref_mean / own_mean
+    if recorded < 1.0 + threshold.margin:
+        return comparison  # the claim missed its line already when recorded: no news to guard
+    prior = (priors or {}).get((None, threshold.metric))
+    level = guard_alpha(alpha_no_change, prior)
+    versus_own = compare(
+        values,
+        own_stored,
+        margin=0.0,
+        higher_is_better=info.higher_is_better,
+        alpha=level,
+        method=method,
+        seed=seed,
+        launch_runs=own.launch_runs,
+        prior=prior,
+    )
+    guarded = replace(comparison, alpha_no_change=level)
+    if versus_own.verdict is Verdict.FAIL:
+        return guarded  # worse than its own baseline beyond doubt: the FAIL is news
+    note = (
+        f"below the claim at {confidence_text(1 - comparison.alpha)}, but not distinguishable "
+        f"from its own baseline at {confidence_text(1 - level)} (ratio {versus_own.ratio:.3f}, "
+        f"upper bound {versus_own.ci_high:.3f}), which met the claim when recorded "
+        f"({recorded:.3f} of {refs[threshold.reference].label}): the claim sits within the "
+        "noise of its line, not called a FAIL"
+    )
+    return replace(guarded, verdict=Verdict.INCONCLUSIVE, warnings=(*comparison.warnings, note))
 
 
 def outcome_of(checks: Sequence[Check]) -> Outcome:

@@ -189,8 +189,9 @@ OPTIONS: tuple[Option, ...] = (
         "alpha_no_change",
         "--specdecode-alpha-no-change",
         "For a negative margin, a FAIL must also be worse than the baseline itself at this "
-        "level: an unchanged build FAILs about this often at most; a tenth of it once 10 nights "
-        "of history exist (docs/statistics.md)",
+        "level, and for a claim against another profile's baseline that held when recorded, "
+        "worse than the test's own baseline: an unchanged build FAILs about this often at most; "
+        "a tenth of it once 10 nights of history exist (docs/statistics.md)",
         0.01,
         probability,
         "ALPHA",

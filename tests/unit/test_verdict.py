@@ -8,7 +8,7 @@ import re
 import pytest
 
 from pytest_specdecode.result import Outcome
-from pytest_specdecode.stats.comparison import compare, confidence_text
+from pytest_specdecode.stats.comparison import Verdict, compare, confidence_text
 from pytest_specdecode.verdict import BaselineRef, Threshold, evaluate, message, outcome_of
 
 # Deterministic per-run values: a baseline of 20 runs at about 2% CV, and current runs around it.
@@ -112,3 +112,61 @@ def test_every_p_value_is_labelled_with_what_it_is() -> None:
         if "p(" in paragraph:
             assert "needs" in paragraph
     assert found >= 4
+
+
+# --- the no-change guard of a claim against another profile's baseline (#27, item 2) -----------
+
+
+def _runs(mean: float, n: int, cv: float = 0.025) -> list[float]:
+    """``n`` deterministic per-run values around ``mean`` (a spread of about 0.6 x ``cv``)."""
+    return [mean * (1 + cv * ((i * 7) % 11 - 5) / 5) for i in range(n)]
+
+
+NOSPEC = _runs(100.0, 60)  # the reference profile's baseline
+CLAIM = [Threshold("tok_s", +0.05, "nospec")]
+
+
+def _claim_checks(current: list[float], own: list[float] | None, **options: object):  # type: ignore[no-untyped-def]
+    refs = {
+        None: BaselineRef("its own baseline", {"tok_s": own} if own else None, problem="none"),
+        "nospec": BaselineRef("nospec's baseline", {"tok_s": NOSPEC}),
+    }
+    settings: dict[str, object] = {"alpha": 0.15, "method": "welch-log", "alpha_no_change": 0.01}
+    settings.update(options)
+    return evaluate(CLAIM, {"tok_s": current}, refs, **settings)  # type: ignore[arg-type]
+
+
+def test_a_claim_missed_by_an_unchanged_build_is_inconclusive_not_a_fail() -> None:
+    """The own baseline met +5% (105.5 over 100); tonight's 10 runs read 1.2% under it: below
+    the line at 85%, a FAIL before, but nothing changed: the guard withholds it."""
+    current, own = _runs(104.2, 10), _runs(105.5, 60)
+    unguarded = _claim_checks(current, own, alpha_no_change=None)
+    assert unguarded[0].verdict is Verdict.FAIL  # what the margin alone says
+
+    (check,) = _claim_checks(current, own)
+    assert check.verdict is Verdict.INCONCLUSIVE
+    assert check.comparison is not None
+    assert check.comparison.alpha_no_change == 0.01
+    text = message((check,), outcome_of((check,)))
+    assert "not distinguishable from its own baseline at 99%" in text
+    assert "which met the claim when recorded (1.055 of nospec's baseline)" in text
+    assert "not called a FAIL" in text
+
+
+def test_a_claim_missed_by_a_build_worse_than_its_own_baseline_still_fails() -> None:
+    (check,) = _claim_checks(_runs(101.0, 10), _runs(105.5, 60))  # 4.3% under its own
+    assert check.verdict is Verdict.FAIL
+    assert check.comparison is not None
+    assert check.comparison.alpha_no_change == 0.01
+
+
+@pytest.mark.parametrize(
+    "own", [_runs(104.0, 60), None], ids=["own-baseline-missed-the-claim", "no-own-baseline"]
+)
+def test_a_claim_that_never_held_or_has_no_own_baseline_is_not_guarded(
+    own: list[float] | None,
+) -> None:
+    (check,) = _claim_checks(_runs(104.2, 10), own)
+    assert check.verdict is Verdict.FAIL
+    assert check.comparison is not None
+    assert check.comparison.alpha_no_change is None
