@@ -144,22 +144,45 @@ def _reconcile(times: list[float], counts: list[int], total: int) -> tuple[list[
     return kept_times, kept_counts
 
 
-async def _sse_data(lines: AsyncIterator[str]) -> AsyncGenerator[str, None]:
-    """The ``data`` payload of each server-sent event (multi-line data joined with newlines)."""
-    data: list[str] = []
-    async for line in lines:
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
-        name, _, value = line.partition(":")
-        if name == "data":
-            data.append(value[1:] if value.startswith(" ") else value)
-        # Comments (":...") and the event/id/retry fields carry nothing we use.
-    if data:
-        yield "\n".join(data)
+async def _sse_data(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """The ``data`` payload of each server-sent event (multi-line data joined with newlines).
 
+    Lines are split on bytes, at CR, LF or CRLF only, as the SSE format defines them. Text
+    lines would also split at U+2028, U+2029 and U+0085 (``str.splitlines``, and httpx's
+    ``aiter_lines``), which JSON leaves unescaped and orjson (SGLang's encoder) writes raw: a
+    model that generated one would break its event in two. Bytes are also the cheaper read:
+    this runs for every chunk of every stream."""
+    data: list[bytes] = []
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        # A CR at the end may be the first half of a CRLF split across two chunks.
+        cut = len(pending) - 1 if pending.endswith(b"\r") else len(pending)
+        lines = pending[:cut].splitlines(keepends=True)
+        if lines and not lines[-1].endswith((b"\n", b"\r")):
+            pending = lines.pop() + pending[cut:]  # a line without its end yet
+        else:
+            pending = pending[cut:]
+        for raw in lines:
+            line = raw.rstrip(b"\r\n")
+            if not line:
+                if data:
+                    yield b"\n".join(data)
+                    data = []
+                continue
+            name, _, value = line.partition(b":")
+            if name == b"data":
+                data.append(value[1:] if value.startswith(b" ") else value)
+            # Comments (":...") and the event/id/retry fields carry nothing we use.
+    last = pending.rstrip(b"\r\n")
+    if last.startswith(b"data:"):
+        value = last[5:]
+        data.append(value[1:] if value.startswith(b" ") else value)
+    if data:
+        yield b"\n".join(data)
+
+
+# --- after [DONE] ------------------------------------------------------------------------------
 
 DRAIN_SECONDS = 1.0
 """How long the client waits, after ``[DONE]``, for the server to end the response body so that
@@ -170,7 +193,7 @@ and llama-server's HTTP servers (5 s), so the client never sends on a connection
 closing at that moment; the requests of a run follow each other within milliseconds."""
 
 
-async def _drain(stream: AsyncIterator[str]) -> None:
+async def _drain(stream: AsyncIterator[bytes]) -> None:
     """Read what follows ``[DONE]`` (normally nothing but the end of the body) for at most
     :data:`DRAIN_SECONDS`; events after it carry nothing and are ignored."""
 
@@ -494,13 +517,13 @@ class MeasurementClient:
                 )
             # aclosing: leaving the loop early (at [DONE] or on an error) must close the
             # generator here, not leave it to the garbage collector on a stopped event loop.
-            events = contextlib.aclosing(_sse_data(response.aiter_lines()))
+            events = contextlib.aclosing(_sse_data(response.aiter_bytes()))
             async with events as stream:
                 async for payload in stream:
                     now = time.perf_counter()
                     stall.longest_gap = max(stall.longest_gap, now - last)
                     last = now
-                    if payload.strip() == "[DONE]":
+                    if payload.strip() == b"[DONE]":
                         timeline.done = True
                         t_done = now
                         answered()
@@ -511,10 +534,11 @@ class MeasurementClient:
                         break
                     try:
                         data = json.loads(payload)
-                    except json.JSONDecodeError as exc:
+                    except ValueError as exc:  # not JSON, or not UTF-8
+                        why = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+                        shown = excerpt(payload.decode("utf-8", "replace"))
                         raise RequestError(
-                            f"malformed event in the stream (not JSON, {exc.msg}): "
-                            f"{excerpt(payload)}"
+                            f"malformed event in the stream (not JSON, {why}): {shown}"
                         ) from exc
                     update = adapter.parse_event(data)
                     if update is not None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from pytest_specdecode.adapters import OpenAICompletions, SglangGenerate, adapter_for
-from pytest_specdecode.client import SIM_SENT_AT_HEADER, MeasurementClient
+from pytest_specdecode.client import SIM_SENT_AT_HEADER, MeasurementClient, _sse_data
 from pytest_specdecode.errors import ConfigError, RequestError
 from pytest_specdecode.workloads import Prompt, Workload
 
@@ -414,6 +414,60 @@ def test_a_malformed_event_names_its_excerpt() -> None:
 
     assert "malformed event in the stream (not JSON" in str(error)
     assert '{"text": "a", "meta_info": {"completion_tokens": 1' in str(error)
+
+
+def test_an_event_that_is_not_utf8_is_a_malformed_event() -> None:
+    error = run_error(lambda request: event_stream(b'data: {"text": "\xff"}\n\n'))
+    assert "malformed event in the stream (not JSON, not UTF-8)" in str(error)
+
+
+async def _payloads(stream: bytes, cuts: tuple[int, ...]) -> list[bytes]:
+    async def chunks() -> AsyncIterator[bytes]:
+        start = 0
+        for cut in (*cuts, len(stream)):
+            if cut > start:
+                yield stream[start:cut]
+            start = cut
+
+    return [payload async for payload in _sse_data(chunks())]
+
+
+# Every line ending SSE allows, a comment, other fields, a multi-line event, and characters
+# that str.splitlines() would split at: U+2028, U+2029 and U+0085 inside a JSON string.
+SSE_FORMS = (
+    b": keep-alive comment\r\n"
+    b'event: message\r\nid: 1\r\ndata: {"text": "a\xe2\x80\xa8b\xe2\x80\xa9c\xc2\x85d"}\r\n\r\n'
+    b"data: first line\rdata: second line\r\r"
+    b"data:no space\n\n"
+    b"data: [DONE]"  # the last event without its blank line: the body simply ends
+)
+SSE_PAYLOADS = [
+    '{"text": "a\u2028b\u2029c\u0085d"}'.encode(),
+    b"first line\nsecond line",
+    b"no space",
+    b"[DONE]",
+]
+
+
+def test_events_are_split_at_sse_line_ends_only_however_the_body_is_chunked() -> None:
+    """Each way of cutting the body in two, and one byte at a time (a CRLF split across two
+    reads is one line end, not an empty line that would end the event early)."""
+    assert asyncio.run(_payloads(SSE_FORMS, ())) == SSE_PAYLOADS
+    for cut in range(1, len(SSE_FORMS)):
+        assert asyncio.run(_payloads(SSE_FORMS, (cut,))) == SSE_PAYLOADS, f"cut at {cut}"
+    assert asyncio.run(_payloads(SSE_FORMS, tuple(range(1, len(SSE_FORMS))))) == SSE_PAYLOADS
+
+
+def test_text_with_a_unicode_line_separator_is_measured_not_a_malformed_event(
+    requests_seen: list[httpx.Request],
+) -> None:
+    """SGLang's encoder (orjson) writes U+2028 raw; httpx's aiter_lines split the event there."""
+    stream = sse(native_chunk("a\u2028b", 1), native_chunk("a\u2028b\u0085c", 2, final=True))
+    stream = stream.replace(b"\\u2028", "\u2028".encode()).replace(b"\\u0085", "\u0085".encode())
+    assert "\u2028".encode() in stream  # raw, as orjson sends it
+    with make_client(lambda request: event_stream(stream), requests_seen) as client:
+        run = client.run(workload(requests_per_run=1), run_index=0)
+    assert run.records[0].completion_tokens == 2
 
 
 def test_a_stream_without_final_chunk_ended_early() -> None:
