@@ -4,8 +4,9 @@ Issue 27, item 2: ``pytest perf_tests`` against the committed baselines must not
 machine whose cores another process keeps busy. This runs the main job exactly as the README
 does (``python -m pytest perf_tests``, the simulated server, the committed ``baselines/``) N
 times, each with K busy-loop processes started just before it and killed after it, and prints
-per run each test's verdict, its tok/s against its own baseline and the run queue per CPU the
-plugin recorded (``provenance["machine_load"]``), then how often each verdict came out.
+per run each test's verdict, its tok/s against its own baseline, and the run queue per CPU and
+the CPU time a hypervisor stole that the plugin recorded (``provenance["machine_load"]``), then
+how often each verdict came out.
 
 ``python benchmarks/bench_busy_main_job.py [--runs 20] [--spinners 2]``: about 80 s a run on a
 2-core machine. Nothing else should run beside it (the figures are then that load's, not K's).
@@ -67,11 +68,13 @@ def main() -> int:
             for test in data["tests"]:
                 name = test["test_id"].split("::")[-1]
                 mean = statistics.fmean(test["samples"]["tok_s"])
-                load = (test["provenance"].get("machine_load") or {}).get("runnable_per_cpu")
+                machine = test["provenance"].get("machine_load") or {}
+                load, steal = machine.get("runnable_per_cpu"), machine.get("cpu_steal")
                 verdicts[(test["profile"], test["outcome"])] += 1
                 cells[test["profile"]] = (
                     f"{test['outcome'].upper()} {mean / base[name] - 1:+.1%}"
                     + (f" @{load:.1f}" if load is not None else "")
+                    + (f" st{steal:.1%}" if steal else "")
                 )
             runs.append((index, code, seconds, cells))
             print(f"run {index}: exit {code}, {seconds:.0f}s: {cells}", flush=True)
@@ -82,7 +85,8 @@ def main() -> int:
     print(
         f"\nSIMULATED server: `pytest perf_tests` against the committed baselines, {args.runs} "
         f"runs, each beside {args.spinners} busy-loop processes. Cells: verdict, tok/s against "
-        "the test's own baseline, run queue per CPU the plugin recorded."
+        "the test's own baseline, run queue per CPU the plugin recorded (st: CPU time a "
+        "hypervisor stole, when any)."
     )
     print(tabulate(rows, headers=["run", "exit", "s", *profiles], tablefmt="github"))
     outcomes = sorted({o for _, o in verdicts})

@@ -182,27 +182,12 @@ async def _sse_data(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]
         yield b"\n".join(data)
 
 
-# --- after [DONE] ------------------------------------------------------------------------------
+# --- connections -------------------------------------------------------------------------------
 
-DRAIN_SECONDS = 1.0
-"""How long the client waits, after ``[DONE]``, for the server to end the response body so that
-the connection can be reused; a server that keeps it open longer gets it closed instead."""
 KEEPALIVE_SECONDS = 1.0
 """How long an idle connection stays in the pool: well under the keep-alive timeout of SGLang's
 and llama-server's HTTP servers (5 s), so the client never sends on a connection the server is
 closing at that moment; the requests of a run follow each other within milliseconds."""
-
-
-async def _drain(stream: AsyncIterator[bytes]) -> None:
-    """Read what follows ``[DONE]`` (normally nothing but the end of the body) for at most
-    :data:`DRAIN_SECONDS`; events after it carry nothing and are ignored."""
-
-    async def to_end() -> None:
-        async for _ in stream:
-            pass
-
-    with contextlib.suppress(asyncio.TimeoutError, httpx.HTTPError):
-        await asyncio.wait_for(to_end(), timeout=DRAIN_SECONDS)
 
 
 # --- stalls ------------------------------------------------------------------------------------
@@ -368,18 +353,9 @@ class MeasurementClient:
         slots = asyncio.Semaphore(workload.concurrency)
 
         async def one(number: int, prompt: Prompt) -> RequestRecord:
-            await slots.acquire()
-            held = True
-
-            def answered() -> None:
-                nonlocal held
-                if held:
-                    held = False
-                    slots.release()
-
-            try:
+            async with slots:
                 try:
-                    return await self._send(adapter, prompt, workload, answered)
+                    return await self._send(adapter, prompt, workload)
                 except RequestError as exc:
                     where = f"{label}, request {number} of {len(prompts)} ({prompt.kind} prompt)"
                     raise RequestError(
@@ -389,8 +365,6 @@ class MeasurementClient:
                         stalled=exc.stalled,
                         timed_out=exc.timed_out,
                     ) from exc
-            finally:
-                answered()
 
         t_start = time.perf_counter()
         tasks = [asyncio.ensure_future(one(n, p)) for n, p in enumerate(prompts, 1)]
@@ -414,7 +388,6 @@ class MeasurementClient:
         adapter: ProtocolAdapter,
         prompt: Prompt,
         workload: Workload,
-        answered: Callable[[], None] = lambda: None,
     ) -> RequestRecord:
         path, body = adapter.request(prompt, workload)
         url = self._display_url + path
@@ -425,7 +398,7 @@ class MeasurementClient:
             headers = {**headers, SIM_SENT_AT_HEADER: repr(time.monotonic())}
         try:
             if adapter.streaming:
-                sent = self._stream(adapter, path, body, headers, timeline, answered)
+                sent = self._stream(adapter, path, body, headers, timeline)
             else:
                 sent = self._post(adapter, path, body, headers, timeline)
             t_end = await asyncio.wait_for(sent, timeout=self._request_timeout)
@@ -494,11 +467,8 @@ class MeasurementClient:
         body: dict[str, object],
         headers: Mapping[str, str],
         timeline: _Timeline,
-        answered: Callable[[], None],
     ) -> float:
-        """Stream one request; its time ends at ``[DONE]``. ``answered`` is called there, so
-        that a sequential client sends its next request before this one's connection is
-        tidied up (the request is answered; what follows is the client's housekeeping)."""
+        """Stream one request; its time ends when ``[DONE]`` arrives, not after the close."""
         stall = self._stall
         last = time.perf_counter()
         t_done: float | None = None
@@ -525,12 +495,11 @@ class MeasurementClient:
                     last = now
                     if payload.strip() == b"[DONE]":
                         timeline.done = True
+                        # The request is answered here. SGLang ends the body right after; the
+                        # client closes instead of reading on to reuse the connection, which
+                        # cost more client time at 64 streams than the close and connect it
+                        # saved (benchmarks/bench_measurement.py, 2026-12-04).
                         t_done = now
-                        answered()
-                        await asyncio.sleep(0)  # the next request goes out first
-                        # Reading on to the end of the body (SGLang ends it right after
-                        # [DONE]) hands the connection back to the pool instead of closing it.
-                        await _drain(stream)
                         break
                     try:
                         data = json.loads(payload)
