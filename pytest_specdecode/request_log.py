@@ -47,7 +47,8 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """The requests of one measured run; ``t_start``/``t_end`` bracket the whole run."""
+    """The requests of one measured run; ``t_start`` (the first send) and ``t_end`` (the last
+    answer: a stream's ``[DONE]``, a response's last byte) bracket the whole run."""
 
     records: tuple[RequestRecord, ...]
     t_start: float
