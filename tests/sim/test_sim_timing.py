@@ -293,13 +293,7 @@ PREFILL_S, DECODE_S, TOKENS = 0.004, 0.002, 150
 BLOCK_EVERY_S, BLOCK_FOR_S = 0.05, 0.03
 
 
-async def _serve_one_while_the_loop_is_blocked() -> tuple[
-    Sequence, Engine, list[tuple[float, int]]
-]:
-    """One request through a bare engine while another task blocks the event loop for 30 ms
-    every 50 ms (what a starved process or a slow handler does to the sim); returns the
-    sequence, the engine and every (loop time, tokens) the request's consumer saw."""
-    loop = asyncio.get_running_loop()
+def _bare_engine(max_running: int) -> Engine:
     costs = model.StepCosts(
         prefill_fixed=PREFILL_S,
         prefill_per_token=0.0,
@@ -309,9 +303,9 @@ async def _serve_one_while_the_loop_is_blocked() -> tuple[
         num_draft_tokens=1,
         speculative=False,
     )
-    engine = Engine(
+    return Engine(
         costs=costs,
-        max_running_requests=8,
+        max_running_requests=max_running,
         max_prefill_tokens=16384,
         max_total_num_tokens=100_000,
         decode_log_interval=1_000_000,
@@ -320,21 +314,36 @@ async def _serve_one_while_the_loop_is_blocked() -> tuple[
         disable_radix_cache=True,
         metrics=None,
     )
-    runner = asyncio.ensure_future(engine.run())
-    await asyncio.sleep(0)  # the engine is up and idle before the request arrives, as in the sim
-    seq = Sequence(
-        rid="blocked",
-        index=0,
+
+
+def _request(index: int, tokens: int, arrival: float) -> Sequence:
+    """A request of ``tokens`` tokens without speculation, arriving at ``arrival``."""
+    return Sequence(
+        rid=f"r{index}",
+        index=index,
         prompt_tokens=4,
-        prompt_key=1,
-        target_tokens=TOKENS,
+        prompt_key=index + 1,
+        target_tokens=tokens,
         stops_naturally=False,
         probs=(),
         speed=1.0,
-        rng=random.Random(0),
-        output=OutputTokens(1),
-        arrival=loop.time(),
+        rng=random.Random(index),
+        output=OutputTokens(index + 1),
+        arrival=arrival,
     )
+
+
+async def _serve_one_while_the_loop_is_blocked() -> tuple[
+    Sequence, Engine, list[tuple[float, int]]
+]:
+    """One request through a bare engine while another task blocks the event loop for 30 ms
+    every 50 ms (what a starved process or a slow handler does to the sim); returns the
+    sequence, the engine and every (loop time, tokens) the request's consumer saw."""
+    loop = asyncio.get_running_loop()
+    engine = _bare_engine(max_running=8)
+    runner = asyncio.ensure_future(engine.run())
+    await asyncio.sleep(0)  # the engine is up and idle before the request arrives, as in the sim
+    seq = _request(0, TOKENS, loop.time())
 
     async def block_the_loop() -> None:
         while not seq.finished:
@@ -374,29 +383,6 @@ def test_a_blocked_event_loop_delays_tokens_but_never_the_models_schedule() -> N
 # -- the last step of a request ends on time -------------------------------------------------
 
 
-def _bare_engine(max_running: int) -> Engine:
-    costs = model.StepCosts(
-        prefill_fixed=PREFILL_S,
-        prefill_per_token=0.0,
-        decode_fixed=DECODE_S,
-        per_token=0.0,
-        spec_fixed=0.0,
-        num_draft_tokens=1,
-        speculative=False,
-    )
-    return Engine(
-        costs=costs,
-        max_running_requests=max_running,
-        max_prefill_tokens=16384,
-        max_total_num_tokens=100_000,
-        decode_log_interval=1_000_000,
-        speculative=False,
-        num_draft_tokens=1,
-        disable_radix_cache=True,
-        metrics=None,
-    )
-
-
 async def _serve_together(
     streams: int, tokens: int, on_time: list[bool], blocking: list[float]
 ) -> list[Sequence]:
@@ -414,22 +400,7 @@ async def _serve_together(
     engine._may_finish = noting_may_finish  # type: ignore[method-assign]
     runner = asyncio.ensure_future(engine.run())
     await asyncio.sleep(0)
-    seqs = [
-        Sequence(
-            rid=f"r{i}",
-            index=i,
-            prompt_tokens=4,
-            prompt_key=i,
-            target_tokens=tokens,
-            stops_naturally=False,
-            probs=(),
-            speed=1.0,
-            rng=random.Random(i),
-            output=OutputTokens(i + 1),
-            arrival=loop.time(),
-        )
-        for i in range(streams)
-    ]
+    seqs = [_request(i, tokens, loop.time()) for i in range(streams)]
     real_sleep = time.sleep
 
     def noting_sleep(seconds: float) -> None:
