@@ -114,10 +114,11 @@ def test_a_body_kept_open_after_done_is_neither_waited_for_nor_measured(sse_serv
         run = client.run(sequential(3), run_index=0)
     took = time.perf_counter() - started
 
-    assert took < 2.0, "the client closes at [DONE] instead of waiting 5 s for the body's end"
+    # Waiting for each body's end would take 15 s; the bounds leave room for a loaded machine.
+    assert took < 4.0, "the client closes at [DONE] instead of waiting 5 s for the body's end"
     assert [r.completion_tokens for r in run.records] == [3, 3, 3]
     for record in run.records:
-        assert record.t_end - record.t_start < 0.25  # three chunks 10 ms apart, then [DONE]
+        assert record.t_end - record.t_start < 1.0  # three chunks 10 ms apart, then [DONE]
     for before, after in zip(run.records, run.records[1:], strict=False):
         assert before.t_end <= after.t_start
     assert run.t_end == run.records[-1].t_end  # the run ends with its last answer
