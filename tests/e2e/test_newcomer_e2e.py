@@ -130,7 +130,13 @@ def test_attach_to_a_simulated_server_picks_the_sim_target(
     recorded.assert_outcomes(passed=1)
     # ...and checked without naming the target: the server says it is simulated.
     checked = project.run("--server-host", attached_sim, *RUNS)
-    checked.assert_outcomes(passed=1)
+    # Compared, not refused as a mismatch or a missing baseline. Whether three runs of 64-token
+    # requests at the sim's speed decide it is the load's business: a busy worker once made one
+    # run twice as slow (CV 42%) and the verdict INCONCLUSIVE (an xfail).
+    outcomes = checked.parseoutcomes()
+    assert outcomes.get("passed", 0) + outcomes.get("xfailed", 0) == 1, outcomes
+    if outcomes.get("xfailed"):
+        assert "output tok/s vs its own baseline: INCONCLUSIVE." in checked.stdout.str()
     line = header(checked)
     assert f'target sim (the server at http://{attached_sim} reports "simulated": true)' in line
     assert "mismatch" not in checked.stdout.str().lower()
