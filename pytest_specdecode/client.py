@@ -384,10 +384,7 @@ class MeasurementClient:
         return records, t_start, t_end
 
     async def _send(
-        self,
-        adapter: ProtocolAdapter,
-        prompt: Prompt,
-        workload: Workload,
+        self, adapter: ProtocolAdapter, prompt: Prompt, workload: Workload
     ) -> RequestRecord:
         path, body = adapter.request(prompt, workload)
         url = self._display_url + path
@@ -397,11 +394,10 @@ class MeasurementClient:
         if self._simulated:
             headers = {**headers, SIM_SENT_AT_HEADER: repr(time.monotonic())}
         try:
-            if adapter.streaming:
-                sent = self._stream(adapter, path, body, headers, timeline)
-            else:
-                sent = self._post(adapter, path, body, headers, timeline)
-            t_end = await asyncio.wait_for(sent, timeout=self._request_timeout)
+            send = self._stream if adapter.streaming else self._post
+            t_end = await asyncio.wait_for(
+                send(adapter, path, body, headers, timeline), timeout=self._request_timeout
+            )
             return timeline.record(prompt, t_start, t_end, streamed=adapter.streaming)
         except RequestError as exc:
             raise self._error(f"{url}: {exc}", url, exc.status, timed_out=exc.timed_out) from exc
