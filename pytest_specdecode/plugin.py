@@ -147,6 +147,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(session), "specdecode-xdist")
     start.terminate_gracefully()
+    start.freeze_start_up_objects()  # last: after everything configure imported
 
 
 def _check_benchmark_json(config: pytest.Config) -> None:
