@@ -27,6 +27,12 @@ import pytest
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# OpenBLAS (numpy's and scipy's BLAS) starts a thread per core when numpy is imported, and they
+# spin a moment: 0.15-0.3 s of CPU in each of the hundreds of processes the suite starts (its
+# pytest runs, xdist workers, benchmarks), none of which multiplies a matrix. Set here, before
+# xdist starts its workers; a value the developer set is kept.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 XDIST_WORKER_VARIABLES = (
     "PYTEST_XDIST_WORKER",
     "PYTEST_XDIST_WORKER_COUNT",
