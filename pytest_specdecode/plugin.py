@@ -147,7 +147,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(session), "specdecode-xdist")
     start.terminate_gracefully()
-    start.freeze_start_up_objects()  # last: after everything configure imported
 
 
 def _check_benchmark_json(config: pytest.Config) -> None:
@@ -240,6 +239,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     planned = [item.stash[PLANNED_KEY] for item in session.items if PLANNED_KEY in item.stash]
     start_selected(_session(session.config), planned)
+    if planned:  # a session without the plugin's tests is left as it was
+        start.freeze_start_up_objects()
 
 
 def _spec(item: pytest.Item) -> MarkerSpec | None:

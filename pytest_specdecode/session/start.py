@@ -80,12 +80,15 @@ def terminate_gracefully() -> None:
 
 
 def freeze_start_up_objects() -> None:
-    """Move every object alive now (the modules pytest and the plugin imported: their classes,
-    functions, constants) out of the collector's reach (``gc.freeze``): they live as long as the
-    process anyway. A full collection walks every tracked object, these are most of them, and
-    the measuring client runs in this process: a collection during a run is a pause in the
-    client's reading of the stream. pytest also collects five times at exit (its unraisable
-    exception check), about 0.2 s of CPU a session on a CI core: the plugin's own suite starts
-    hundreds of pytest processes. Objects made later (results, samples) are collected as usual.
+    """Once the session has selected tests of the plugin: move every object alive now (the
+    modules pytest and the plugin imported, their classes and functions, the collected tests)
+    out of the collector's reach (``gc.freeze``): they live as long as the session anyway. A
+    full collection walks every tracked object, these are most of them, and the measuring
+    client runs in this process: a collection during a run is a pause in the client's reading
+    of the stream. pytest also collects five times at exit (its unraisable-exception check),
+    about 0.2 s of CPU a session on a CI core, and the plugin's own suite starts hundreds of
+    pytest processes. Objects made later (results, samples) are collected as usual; frozen ones
+    are left out of ``gc.get_objects()``, which is why a session without the plugin's tests is
+    not frozen at all.
     """
     gc.freeze()
