@@ -63,7 +63,6 @@ class _Timeline:
         self.tokens = 0
         self.estimated = False
         self.reported_total: int | None = None
-        self.done = False
         self.prompt_tokens: int | None = None
         self.cached_tokens: int | None = None
         self.finish_reason: str | None = None
@@ -453,7 +452,6 @@ class MeasurementClient:
         except ValueError as exc:
             raise RequestError(f"the response is not JSON: {excerpt(response.text)}") from exc
         timeline.apply(adapter.parse_final(data), t_end)
-        timeline.done = True
         return t_end
 
     async def _stream(
@@ -490,7 +488,6 @@ class MeasurementClient:
                     stall.longest_gap = max(stall.longest_gap, now - last)
                     last = now
                     if payload.strip() == b"[DONE]":
-                        timeline.done = True
                         # The request is answered here. SGLang ends the body right after; the
                         # client closes instead of reading on to reuse the connection, which
                         # cost more client time at 64 streams than the close and connect it
@@ -508,14 +505,13 @@ class MeasurementClient:
                     update = adapter.parse_event(data)
                     if update is not None:
                         timeline.apply(update, now)
-        t_end = time.perf_counter() if t_done is None else t_done
-        if not timeline.done or timeline.finish_reason is None:
+        if t_done is None or timeline.finish_reason is None:
             missing = "[DONE]" if timeline.finish_reason is not None else "a final chunk"
             raise RequestError(
                 f"stream ended early: server closed the connection after {timeline.tokens} "
                 f"tokens without {missing}"
             )
-        return t_end
+        return t_done
 
     # -- plain requests: the backends' housekeeping routes --
 

@@ -29,7 +29,6 @@ class SseServer:
     ``[DONE]``, then ends the body at once, or ``linger`` seconds later."""
 
     linger: float = 0.0
-    connections: int = 0
     received: list[float] = field(default_factory=list)  # perf_counter of each request
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -53,8 +52,6 @@ def _event(tokens: int, final: bool) -> bytes:
 def _handler(state: SseServer) -> type[socketserver.StreamRequestHandler]:
     class Handler(socketserver.StreamRequestHandler):
         def handle(self) -> None:
-            with state.lock:
-                state.connections += 1
             while True:  # HTTP/1.1 keep-alive: one request after another on this connection
                 request_line = self.rfile.readline()
                 if not request_line:
