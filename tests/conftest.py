@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 # httpx 0.28 imports httpcore on its first connection. Where that is inside a pytester test,
 # pytester's teardown removes the modules the test imported, httpcore among them; the next
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 # connection escapes as httpcore.ConnectError. Imported here, before any snapshot, it stays.
 import httpcore  # noqa: F401
 import pytest
+from pytest_forkserver import Forkserver, is_pytest_run
 
 # A shell without job control starts a background command (`scripts/test &` in a script) with
 # SIGINT ignored, and an ignored signal stays ignored across exec: every pytest the suite starts
@@ -159,6 +161,64 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{QUIET_MACHINE}: claims a live speed (tests/conftest.py); scripts/test runs it after "
         f"the rest, alone, and as root at nice {QUIET_MACHINE_NICE}",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{FRESH_INTERPRETER}: its pytester runs start a new interpreter rather than a fork of "
+        "the suite's forkserver (tests/pytest_forkserver.py): the claim is about a start",
+    )
+
+
+# pytester's runpytest_subprocess forked from one interpreter per worker that has imported
+# pytest, the plugin and scipy already (tests/pytest_forkserver.py says what that keeps and what
+# not): 1.7 s of CPU less a run, hundreds of runs a suite. SPECDECODE_TEST_FORKSERVER=0 turns it
+# off; a test marked fresh_interpreter gets real subprocesses.
+FRESH_INTERPRETER = "fresh_interpreter"
+FORKSERVER_VARIABLE = "SPECDECODE_TEST_FORKSERVER"
+
+
+@pytest.fixture(scope="session")
+def _forkserver() -> Iterator[Forkserver | None]:
+    value = os.environ.get(FORKSERVER_VARIABLE, "1")
+    if value not in ("0", "1"):
+        raise pytest.UsageError(
+            f"{FORKSERVER_VARIABLE}={value!r} (from the environment): expected 1 (fork the "
+            "pytester runs from a forkserver, the default) or 0 (start each one fresh)"
+        )
+    if value == "0":
+        yield None
+        return
+    server = Forkserver()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def pytester(
+    pytester: pytest.Pytester,
+    _forkserver: Forkserver | None,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> pytest.Pytester:
+    """pytester, whose ``runpytest_subprocess`` runs go through the forkserver."""
+    if _forkserver is None or request.node.get_closest_marker(FRESH_INTERPRETER) is not None:
+        return pytester
+    server = _forkserver
+    real_popen = pytester.popen
+
+    def popen(cmdargs: Any, stdout: Any = None, stderr: Any = None, **kw: Any) -> Any:
+        argv = [os.fspath(arg) for arg in cmdargs]
+        stdin = kw.pop("stdin", pytester.CLOSE_STDIN)
+        kw.pop("close_fds", None)  # pytest < 8 passes it; a fork closes what it must
+        plain = stdin is pytester.CLOSE_STDIN and not kw and is_pytest_run(argv)
+        if not plain or not hasattr(stdout, "fileno") or not hasattr(stderr, "fileno"):
+            return real_popen(cmdargs, stdout=stdout, stderr=stderr, stdin=stdin, **kw)
+        env = os.environ.copy()  # what Pytester.popen gives its child
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+        with open(os.devnull, "rb") as empty:
+            return server.run(argv, env, (empty.fileno(), stdout.fileno(), stderr.fileno()))
+
+    monkeypatch.setattr(pytester, "popen", popen)
+    return pytester
 
 
 @pytest.fixture(autouse=True)
