@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -100,13 +101,16 @@ class Forkserver:
 
     def __init__(self) -> None:
         self._process: subprocess.Popen[bytes] | None = None
+        self._folder = ""
         self._socket_path = ""
 
     def start(self) -> None:
-        """Start the forkserver now (else at the first run), with this process's environment."""
-        if self._process is not None:
+        """Start the forkserver now (else at the first run), with this process's environment;
+        one that has died (nothing should kill it, but a test may) is started again."""
+        if self._process is not None and self._process.poll() is None:
             return
-        folder = tempfile.mkdtemp(prefix="pytest-forkserver-")
+        self.close()
+        self._folder = folder = tempfile.mkdtemp(prefix="pytest-forkserver-")
         self._socket_path = os.path.join(folder, "socket")
         # Its stdin is the pipe it watches: when this process goes, it goes too. Its environment
         # leaves out the test's own settings of the plugin and pytest, which the empty session
@@ -124,6 +128,7 @@ class Forkserver:
         while not os.path.exists(self._socket_path + ".ready"):
             if self._process.poll() is not None or time.monotonic() > deadline:
                 log = Path(folder, "log").read_text(errors="replace")
+                self.close()
                 raise RuntimeError(f"the pytest forkserver did not start:\n{log}")
             time.sleep(0.02)
 
@@ -147,6 +152,7 @@ class Forkserver:
         return ForkedRun(connection, argv)
 
     def close(self) -> None:
+        """Stop the forkserver (runs it started go on) and remove its socket and log."""
         if self._process is not None:
             assert self._process.stdin is not None
             self._process.stdin.close()
@@ -156,6 +162,9 @@ class Forkserver:
                 self._process.kill()
                 self._process.wait()
             self._process = None
+        if self._folder:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = ""
 
 
 def is_pytest_run(argv: list[str]) -> bool:

@@ -68,6 +68,12 @@ def test_a_run_sees_what_a_fresh_pytest_would(
     assert "already imported" not in result.stdout.str() + result.stderr.str()
 
 
+def run_directly(server: Forkserver, argv: list[str], env: dict[str, str]) -> int:
+    """``argv`` through ``server`` itself, its output in ./out; the exit status."""
+    with open(os.devnull, "rb") as empty, open("out", "w") as out:
+        return server.run(argv, env, (empty.fileno(), out.fileno(), out.fileno())).wait(120)
+
+
 def test_a_child_has_its_callers_environment_not_the_forkservers(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -81,9 +87,7 @@ def test_a_child_has_its_callers_environment_not_the_forkservers(
         monkeypatch.delenv("FORKSERVER_PROBE_GONE")
         env = {**os.environ, "PYTHONPATH": str(pytester.path)}
         argv = [sys.executable, "-mpytest", "-p", "no:cacheprovider", "-q"]
-        with open(os.devnull, "rb") as empty, open("out", "w") as out:
-            child = server.run(argv, env, (empty.fileno(), out.fileno(), out.fileno()))
-            returncode = child.wait(120)
+        returncode = run_directly(server, argv, env)
     finally:
         server.close()
     assert returncode == 0, Path("out").read_text()
@@ -130,3 +134,21 @@ def test_a_run_past_its_timeout_is_killed(fresh: bool, pytester: pytest.Pytester
     pid = int(Path(pytester.path, "pid").read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_forkserver_that_died_is_started_again(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_probe=PROBE)
+    server = Forkserver()
+    argv = [sys.executable, "-mpytest", "-p", "no:cacheprovider", "-q"]
+    env = {**os.environ, "PYTHONPATH": str(pytester.path)}
+    try:
+        server.start()
+        assert server._process is not None
+        first = server._process.pid
+        server._process.kill()
+        server._process.wait()
+        returncode = run_directly(server, argv, env)
+        assert server._process.pid != first
+    finally:
+        server.close()
+    assert returncode == 0, Path("out").read_text()

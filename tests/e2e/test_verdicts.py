@@ -286,9 +286,10 @@ def test_against_another_profiles_baseline(quiet_project: Project) -> None:
 
 def test_lower_is_better_metrics_flip_the_ratio(quiet_project: Project) -> None:
     # At 5x (SLOW_QUIET_PROFILES): at 20x the "30% faster" run measured 29% SLOWER beside another
-    # worker. The loose test checks ITL p50, not TTFT: a 14 ms TTFT moved with the box's load (CV
-    # 77% over 8 runs, INCONCLUSIVE in CI); TTFT's flip is unit-tested (tests/unit/test_stats.py).
-    # 48 tokens a request, not 128 (72 s at 5x): TPOT is the server's schedule either way.
+    # worker. Every check here is TPOT, the server's schedule: the client's clock moved with the
+    # box's load for the others (TTFT 14 ms with a CV of 77% over 8 runs; ITL p50, where a loaded
+    # client read tokens in bursts, a baseline CV of 34%: both INCONCLUSIVE in CI). Their flips
+    # are unit-tested (tests/unit/test_stats.py). 48 tokens a request, not 128 (72 s at 5x).
     quiet_project.profiles(
         SLOW_QUIET_PROFILES.replace("max_new_tokens = 128", "max_new_tokens = 48")
     )
@@ -300,7 +301,7 @@ def test_lower_is_better_metrics_flip_the_ratio(quiet_project: Project) -> None:
         def test_tpot_tight():
             pass
 
-        @pytest.mark.specdecode("nospec", workload="steady", tpot=-0.5, itl_p50=-0.5)
+        @pytest.mark.specdecode("nospec", workload="steady", tpot=-0.5)
         def test_latency_loose():
             pass
 
