@@ -136,7 +136,7 @@ def test_profiles_run_on_their_hosts_and_one_report_holds_both(fleet, xdist):
     report = project.path / "report.json"
     result = project.run(
         *xdist, "--update-baselines", "--specdecode-baseline-runs", "3",
-        "--specdecode-max-baseline-cv", "0.5", f"--specdecode-report={report}",
+        "--specdecode-force-baseline", f"--specdecode-report={report}",
     )  # fmt: skip
     result.assert_outcomes(passed=3)
     rows = {t["test_id"].rsplit("::", 1)[1]: t for t in json.loads(report.read_text())["tests"]}

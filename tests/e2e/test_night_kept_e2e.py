@@ -30,13 +30,14 @@ def test_nospec():
     pass
 """
 
-# Two servers on a small shared CI box are noisy; the CV limit is not what these tests are about.
+# Two servers on a small shared CI box are noisy (one recording beside the suite's other workers
+# measured a tok/s CV of 57% over 3 runs); the noise guard is not what these tests are about, so
+# they record whatever was measured.
 RECORD = (
     "--update-baselines",
     "--specdecode-baseline-runs",
     "3",
-    "--specdecode-max-baseline-cv",
-    "0.5",
+    "--specdecode-force-baseline",
 )
 # pytest-benchmark saves into a directory under a plain file: its pytest_sessionfinish (an
 # old-style hookwrapper) raises before any ordinary pytest_sessionfinish of another plugin runs.
