@@ -422,8 +422,9 @@ def other_plugin_fails_at_the_end(p: Project, *xdist: str) -> tuple[str, bool, O
         p,
         suite("nospec", "nospec"),
         "--update-baselines", "--specdecode-baseline-runs", "3", *BROKEN_BENCHMARK, *xdist,
-        # two servers on a small shared box are noisy; the noise guard is not this row's point
-        "--specdecode-max-baseline-cv", "0.5",
+        # two servers on a small shared box are noisy (a CV of 52% over 3 runs beside the suite's
+        # other workers): the noise guard is not this row's point, so record what was measured
+        "--specdecode-force-baseline",
     )  # fmt: skip
     written = sorted((p.path / "baselines").rglob("*.json"))
     held = len(written) == 2 and o.returncode != 0 and "not-a-dir.txt" in o.output
