@@ -59,6 +59,7 @@ def _machine_load_not_compared(monkeypatch: pytest.MonkeyPatch) -> None:
 # Plugins installed for the suite itself that no run it starts uses: each costs every pytester
 # run its import (hypothesis and anyio together about 0.3 s of CPU, hundreds of runs a suite).
 UNUSED_IN_INNER_RUNS = ("hypothesispytest", "anyio")
+_UNUSED_PLUGIN_ARGS = tuple(arg for name in UNUSED_IN_INNER_RUNS for arg in ("-p", f"no:{name}"))
 
 
 @pytest.fixture(autouse=True)
@@ -67,9 +68,8 @@ def _inner_runs_skip_unused_plugins(
 ) -> None:
     if "pytester" in request.fixturenames:
         request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS: set ours after it
-    blocked = " ".join(f"-p no:{name}" for name in UNUSED_IN_INNER_RUNS)
     given = os.environ.get("PYTEST_ADDOPTS", "")
-    monkeypatch.setenv("PYTEST_ADDOPTS", f"{given} {blocked}".strip())
+    monkeypatch.setenv("PYTEST_ADDOPTS", " ".join([given, *_UNUSED_PLUGIN_ARGS]).strip())
 
 
 # The noise guard refuses to record a baseline whose tok/s CV is above 8%. A loaded 2-core box
@@ -187,7 +187,7 @@ def _forkserver() -> Iterator[Forkserver | None]:
     if value == "0":
         yield None
         return
-    server = Forkserver()
+    server = Forkserver(_UNUSED_PLUGIN_ARGS)
     yield server
     server.close()
 

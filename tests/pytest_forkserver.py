@@ -21,7 +21,7 @@ with the ``fresh_interpreter`` marker; ``SPECDECODE_TEST_FORKSERVER=0`` runs the
 plain way.
 
 Run as a script, this file is the forkserver (``python pytest_forkserver.py SOCKET``); imported,
-it is the client that :mod:`tests.conftest` plugs into pytester.
+it is the client that tests/conftest.py plugs into pytester.
 """
 
 from __future__ import annotations
@@ -79,27 +79,18 @@ class ForkedRun:
             self._connection.close()
         return self.returncode
 
-    def poll(self) -> int | None:
-        try:
-            return self.wait(0.001)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            os.kill(self.pid, signum)
-
     def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
 
 
 class Forkserver:
     """One forkserver process, started on first use and stopped with :meth:`close`."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload_args: tuple[str, ...] = ()) -> None:
+        """``preload_args``: what the runs add to every pytest command line (``-p no:NAME``),
+        so that the empty session that preloads sees the plugins the runs will see."""
+        self._preload_args = preload_args
         self._process: subprocess.Popen[bytes] | None = None
         self._folder = ""
         self._socket_path = ""
@@ -118,7 +109,7 @@ class Forkserver:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         with open(os.path.join(folder, "log"), "wb") as log:
             self._process = subprocess.Popen(
-                [sys.executable, __file__, self._socket_path],
+                [sys.executable, __file__, self._socket_path, *self._preload_args],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
@@ -175,7 +166,7 @@ def is_pytest_run(argv: list[str]) -> bool:
 # ----------------------------------------------------------------------------- the server
 
 
-def _preload() -> None:
+def _preload(args: list[str]) -> None:
     """Import what a run of the plugin imports, the way pytest imports it: one empty session with
     the suite's inner-run plugin set, which loads the entry-point plugins through the assertion
     rewriter, and in it the plugin's modules that a run loads later (its comparison, scipy)."""
@@ -198,15 +189,12 @@ def _preload() -> None:
             import scipy.stats  # noqa: F401
 
     empty = tempfile.mkdtemp(prefix="pytest-forkserver-preload-")
-    blocked = os.environ.get("PYTEST_ADDOPTS", "")
-    os.environ["PYTEST_ADDOPTS"] = "-p no:hypothesispytest -p no:anyio"
     try:
         pytest.main(
-            ["-q", "-p", "no:cacheprovider", "--collect-only", empty],
+            [*args, "-q", "-p", "no:cacheprovider", "--collect-only", empty],
             plugins=[ImportTheRest()],
         )
     finally:
-        os.environ["PYTEST_ADDOPTS"] = blocked
         os.rmdir(empty)
 
 
@@ -289,8 +277,8 @@ def main() -> None:
     # The plain interpreter's sys.path[0] is this file's folder; a child's is its cwd.
     import runpy
 
-    socket_path = sys.argv[1]
-    _preload()
+    socket_path, preload_args = sys.argv[1], sys.argv[2:]
+    _preload(preload_args)
     request, fds = _serve(socket_path)
     _become(request, fds)
     runpy.run_module("pytest", run_name="__main__", alter_sys=True)
