@@ -238,7 +238,9 @@ def test_inconclusive_policies_from_flag_and_marker(quiet_project: Project) -> N
 AGAINST_SUITE = """
 import pytest
 
-@pytest.mark.specdecode("nospec-untuned", workload="steady", tok_s=-0.10)
+# It records the baseline the others are judged against; its own check is loose, since a loaded
+# worker measured it at a CV of 13% (INCONCLUSIVE at -10%).
+@pytest.mark.specdecode("nospec-untuned", workload="steady", tok_s=-0.5)
 def test_nospec_untuned():
     pass
 
