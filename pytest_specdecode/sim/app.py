@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
 
-import httpx
+import anyio
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -167,42 +169,64 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": detail}, status_code=status)
 
 
+def _request_self(
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    *,
+    timeout: float,
+    headers: dict[str, str],
+    body: bytes | None = None,
+) -> int:
+    """One request to this server, from the warm-up's thread; returns the status code.
+
+    The standard library's client, as SGLang's warm-up uses a plain ``requests`` call: httpx
+    would import httpcore and, where installed, trio (0.2 s of CPU at every launch). It reads
+    no proxy variable, so a proxy never routes localhost (upstream issue #2468)."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    finally:
+        connection.close()
+
+
 async def run_warmup(server: SimServer) -> None:
     """SGLang's warm-up thread: wait for HTTP, send one generate to itself, then declare Up."""
     args = server.args
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
-    if ":" in host:
-        host = f"[{host}]"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     poll = min(1.0, 1.0 / server.sim.speed)
-    # trust_env=False: a proxy variable must not route localhost (upstream issue #2468).
-    async with httpx.AsyncClient(
-        base_url=f"http://{host}:{args.port}",
-        headers=headers,
-        trust_env=False,
-        # plain HTTP to itself: no certificate to check, so certifi's bundle is not parsed
-        # (about 30 ms of CPU at every launch)
-        verify=False,
-        timeout=600,
-    ) as client:
-        for _ in range(120):
-            await asyncio.sleep(poll)
-            try:
-                if (await client.get("/model_info", timeout=5)).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                continue
-        # The rest of SGLang's warm-up (tokenizer, detokenizer, first batches): /health answers
-        # 503 meanwhile, ~35 s after a ~50 s load on real 0.5.15, so 0.7 x the load time here.
-        await asyncio.sleep(WARMUP_SHARE_OF_LOAD * server.sim.load_seconds / server.sim.speed)
-        if not args.skip_server_warmup:
-            try:
-                response = await client.post("/generate", json=WARMUP_REQUEST)
-                response.raise_for_status()
-            except httpx.HTTPError as exc:
-                # Upstream kills its whole process tree when the warm-up fails.
-                log.error("Initialization failed. warmup error: %r", exc)
-                kill_self()
+    for _ in range(120):
+        await asyncio.sleep(poll)
+        try:
+            status = await asyncio.to_thread(
+                _request_self, host, args.port, "GET", "/model_info", timeout=5, headers=headers
+            )
+        except OSError:  # refused, reset, timed out: not serving yet
+            continue
+        if status == 200:
+            break
+    # The rest of SGLang's warm-up (tokenizer, detokenizer, first batches): /health answers
+    # 503 meanwhile, ~35 s after a ~50 s load on real 0.5.15, so 0.7 x the load time here.
+    await asyncio.sleep(WARMUP_SHARE_OF_LOAD * server.sim.load_seconds / server.sim.speed)
+    if not args.skip_server_warmup:
+        body = json.dumps(WARMUP_REQUEST).encode()
+        try:
+            status = await asyncio.to_thread(
+                _request_self, host, args.port, "POST", "/generate", timeout=600, body=body,
+                headers={**headers, "Content-Type": "application/json"},
+            )  # fmt: skip
+            failure = None if 200 <= status < 300 else f"HTTP {status} from POST /generate"
+        except (OSError, http.client.HTTPException) as exc:
+            failure = repr(exc)
+        if failure is not None:
+            # Upstream kills its whole process tree when the warm-up fails.
+            log.error("Initialization failed. warmup error: %s", failure)
+            kill_self()
     server.status = ServerStatus.UP
     server.faults.armed = True
     if server.faults.kind == "hang":
@@ -239,6 +263,10 @@ def build_app(server: SimServer) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Starlette streams through anyio, whose asyncio backend is imported at its first use:
+        # 25-50 ms in which the first streamed request's tokens would pile up into one chunk.
+        async with anyio.create_task_group():
+            pass
         engine_task = asyncio.create_task(server.engine.run(), name="sim-engine")
         warmup_task = asyncio.create_task(run_warmup(server), name="sim-warmup")
         try:
