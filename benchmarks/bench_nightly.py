@@ -28,7 +28,7 @@ same nights:
   segment, noise from the successive differences), a regression when the latest segment of >= 2
   nights lies more than 5 % (asv's ``regressions_thresholds`` default) below the one before;
 * **Otava**: Apache Otava 0.8.0 itself, in a venv of its own (``scripts/provision-otava.sh``;
-  Otava pins numpy 2.2): each row's series go, in one batch, to ``benchmarks/otava/bridge.py`` run
+  Otava pins numpy 2.2): every row's series go, in one batch, to ``benchmarks/otava/bridge.py`` run
   by that venv's interpreter, which runs Otava's ``Series.analyze`` with the defaults of ``otava
   analyze`` (E-divisive on windows of 50 points, t-test at 0.001) on every prefix a nightly job
   would have (night n: all nights up to n) and returns the first night Otava reports a
@@ -509,7 +509,7 @@ def run(
     plan = SequentialPlan(initial_runs=RUNS, max_runs=MAX_RUNS, alpha=ALPHA).for_baseline(
         BASELINE_LAUNCHES * BASELINE_RUNS
     )
-    rows = []
+    simulated: list[tuple[str, float, list[dict[str, int | None]], list[Sequence[float]]]] = []
     for scenario in scenarios:
         oracle = oracle_for(scenario, seed)
         for change in changes:
@@ -522,19 +522,23 @@ def run(
                 for i in range(trials)
             ]  # fmt: skip
             results = [found for found, _ in done]
-            if otava is not None:  # the row's series in one batch: one Otava process a row
-                for found, night in zip(
-                    results, otava_first(otava, [means for _, means in done], cost), strict=True
-                ):
-                    found[OTAVA] = night
-            if change == 0:
-                cells = [rate_cell(sum(r[rule] is not None for r in results), trials)
-                         for rule in rules]  # fmt: skip
-                label = "false alarms / 30 nights"
-            else:
-                cells = [delay_cell([r[rule] for r in results], CHANGE_NIGHTS) for rule in rules]
-                label = f"{change:+.0%}: delay median / p95"
-            rows.append([scenario.name, label, *cells])
+            simulated.append((scenario.name, change, results, [means for _, means in done]))
+    if otava is not None:  # every row's series in one batch: one Otava process (1.4 CPU-s to start)
+        nights = otava_first(otava, [means for *_, series in simulated for means in series], cost)
+        for found, night in zip(
+            (found for _, _, results, _ in simulated for found in results), nights, strict=True
+        ):
+            found[OTAVA] = night
+    rows = []
+    for name, change, results, _ in simulated:
+        if change == 0:
+            cells = [rate_cell(sum(r[rule] is not None for r in results), trials)
+                     for rule in rules]  # fmt: skip
+            label = "false alarms / 30 nights"
+        else:
+            cells = [delay_cell([r[rule] for r in results], CHANGE_NIGHTS) for rule in rules]
+            label = f"{change:+.0%}: delay median / p95"
+        rows.append([name, label, *cells])
     return rows
 
 
