@@ -182,7 +182,7 @@ def _request_self(
     """One request to this server, from the warm-up's thread; returns the status code.
 
     The standard library's client, as SGLang's warm-up uses a plain ``requests`` call: httpx
-    would import httpcore and, where installed, trio (0.2 s of CPU at every launch). It reads
+    would import httpcore and, where installed, trio (0.3 s of CPU at every launch). It reads
     no proxy variable, so a proxy never routes localhost (upstream issue #2468)."""
     connection = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
@@ -206,7 +206,7 @@ async def run_warmup(server: SimServer) -> None:
             status = await asyncio.to_thread(
                 _request_self, host, args.port, "GET", "/model_info", timeout=5, headers=headers
             )
-        except OSError:  # refused, reset, timed out: not serving yet
+        except (OSError, http.client.HTTPException):  # refused, reset, cut off: not serving yet
             continue
         if status == 200:
             break
