@@ -211,7 +211,15 @@ def test_marker_xfail():
 
 def test_inconclusive_policies_from_flag_and_marker(quiet_project: Project) -> None:
     quiet_project.tests(POLICY_SUITE)
-    quiet_project.run(*RECORD).assert_outcomes(passed=4)
+    # A noisy server, recorded and checked: four runs of the baseline's own spread keep every
+    # comparison open. Noise on the checks alone was not enough: on a loaded machine a fast
+    # workload's runs are paced by the CPU, not by the simulated step, so one test's three runs
+    # measured within 0.9% of each other, 14% under a quiet baseline of eight, and FAILed. (A
+    # baseline as noisy as the checks, 20-34%, is refused: --specdecode-max-baseline-cv.)
+    recorded = quiet_project.run_with_env(
+        {"SPECDECODE_SIM_NOISE_CV": "0.2"}, "--update-baselines", "--specdecode-baseline-runs", "4"
+    )
+    recorded.assert_outcomes(passed=4)
     noise = {"SPECDECODE_SIM_NOISE_CV": "0.4"}
     few = ("--specdecode-runs", "3", "--specdecode-max-runs", "3")
 
