@@ -240,7 +240,7 @@ def test_fixed_holds_its_baseline(): pass
 
 @pytest.mark.specdecode(
     "eagle3-random", workload="quick",
-    against={"eagle3-fixed": {"tok_s": -0.2, "accept_length": -0.2}},
+    against={"eagle3-fixed": {"tok_s": -0.1, "accept_length": -0.2}},
 )
 def test_random_head_against_the_fixed_pair(): pass
 """
@@ -288,17 +288,19 @@ def test_a_recorded_baseline_passes_and_a_slower_configuration_fails_against_it(
         # a real engine's launches vary: with a one-launch baseline the interval carries the
         # stated launch-variance prior ("over 1 baseline launch (launch-to-launch CV 6.0% ...)")
         r"(0\.\d+) with one-sided [\d.]+% bounds \[[\d.]+, ([\d.]+)\](?: over [^;]*)?; margin "
-        r"-20\.0% \(no worse "
-        r"than 0\.800 required\)",
+        r"-10\.0% \(no worse "
+        r"than 0\.900 required\)",
         text,
     )
     assert message is not None, text
     baseline_tok_s, current_tok_s, ratio, upper = map(float, message.groups())
     assert current_tok_s < baseline_tok_s
-    # The claim is the FAIL against the -20% margin: the whole interval below 0.8. How far below
-    # depends on what shares the CPU while each side is measured (below 0.5 on one worker, 0.504
-    # and 0.671 beside two other llama.cpp tests on two machines of the CI kind).
-    assert ratio < upper < 0.8
+    # The claim is the FAIL against the -10% margin: the whole interval below 0.9. How far below
+    # depends on what shares the CPU while each side is measured: below 0.5 on one worker, 0.504
+    # and 0.671 beside two other llama.cpp tests on two machines of the CI kind, and 0.727 (upper
+    # bound 0.814, INCONCLUSIVE at the -20% this test had) on a third, whose baseline was
+    # recorded while more shared the CPU (the fixed pair measured +51.6% over it, minutes later).
+    assert ratio < upper < 0.9
     assert re.search(
         r"accept length vs eagle3-fixed's baseline: FAIL\. Baseline 4\.846 tokens/step "
         r"\(n=4, CV 0\.0%\), current 1 tokens/step \(n=3, CV 0\.0%\); ratio 0\.20\d",
