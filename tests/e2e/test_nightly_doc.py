@@ -83,7 +83,7 @@ def night(repo: Path, tmp_path: Path, **extra: str) -> subprocess.CompletedProce
 
 
 @pytest.mark.quiet_machine  # the committed baselines' own -3% margins, live
-def test_the_documented_night_passes_with_baselines_and_fails_without_one(tmp_path: Path) -> None:
+def test_the_documented_night_passes_with_every_baseline(tmp_path: Path) -> None:
     repo = example_checkout(tmp_path)
     out, history = tmp_path / "out", tmp_path / "var" / "history.jsonl"
 
@@ -97,15 +97,22 @@ def test_the_documented_night_passes_with_baselines_and_fails_without_one(tmp_pa
     assert "test_no_speculation_nccl_tuned" in (out / "trend.txt").read_text()
     assert len(history.read_text().splitlines()) == 1
 
+
+# No live speed here: the night's one test (MARKERS=nospec) has no baseline, which fails it on
+# any machine, so this runs beside the rest of the suite rather than in the quiet phase.
+def test_the_documented_night_fails_without_a_baseline_and_keeps_the_night(tmp_path: Path) -> None:
+    repo = example_checkout(tmp_path)
+    out, history = tmp_path / "out", tmp_path / "var" / "history.jsonl"
     missing = repo / "baselines/simulated/perf_tests/test_seed/test_no_speculation_nccl_tuned.json"
     missing.unlink()
+
     red = night(repo, tmp_path)
 
     assert red.returncode == 1, red.stdout + red.stderr
     assert "1 failed" in red.stdout
     assert str(missing) in red.stdout  # the failure names the file it expected
     assert 'failures="1"' in (out / "junit.xml").read_text()
-    assert len(history.read_text().splitlines()) == 2  # a red night is still a night of history
+    assert len(history.read_text().splitlines()) == 1  # a red night is still a night of history
 
 
 def test_the_real_target_refuses_an_interpreter_without_sglang(tmp_path: Path) -> None:
