@@ -51,7 +51,9 @@ src="$root/src/vendor/llama.cpp"
 # (scripts/llama-server-unity.cmake says which files are left out and why). Measured on 2 idle
 # cores: -O3 file by file 325 s wall, 622 s of compiler time; -O2 unity 255 s, 435 s (on a slower
 # machine of the same kind: 384 s, 760 s); -O1 unity there 279 s, 553 s, and tests/llamacpp took
-# 62.7 s against the -O2 binary's 62.5 s, the same binary version and accept lengths.
+# 62.7 s against the -O2 binary's 62.5 s, the same binary version and accept lengths. With
+# llama's core sources in the batches too (not only its models), on a third machine, built
+# alternately twice each: 270 and 327 s, 534 and 640 CPU-s, against 338 and 369 s, 664 and 727.
 args=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
   -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_ALL_WARNINGS=OFF
   "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG" "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"
