@@ -282,25 +282,40 @@ def test_a_recorded_baseline_passes_and_a_slower_configuration_fails_against_it(
     assert rows["test_fixed_holds_its_baseline"]["verdict"] == "PASS"
     assert rows["test_random_head_against_the_fixed_pair"]["verdict"].startswith("FAIL")
     text = checked.stdout.str()
-    message = re.search(
+    # The FAIL is the accept length's, exact on any machine: 1 token a step against 4.846.
+    # The tok/s check is judged too, and how far below its margin it lands depends on what
+    # shares the CPU while each side is measured: below 0.5 of the baseline on one worker, 0.504
+    # and 0.671 beside two other llama.cpp tests on two machines of the CI kind, 0.727 and 0.765
+    # on a third, where the baseline had been recorded while more shared the CPU (the fixed pair
+    # then measured +44-52% over its own baseline, minutes later). There the interval cleared
+    # the margin but not the no-change guard, which a FAIL also needs: INCONCLUSIVE, reported
+    # beside the FAIL it does not change. Either way the tok/s claim must not PASS, and the
+    # random head must measure below the margin.
+    full = re.search(
         r"eagle3-random: output tok/s vs eagle3-fixed's baseline: FAIL\. Baseline ([\d.]+) "
         r"tok/s \(n=4, CV [\d.]+%\), current ([\d.]+) tok/s \(n=3, CV [\d.]+%\); ratio "
         # a real engine's launches vary: with a one-launch baseline the interval carries the
         # stated launch-variance prior ("over 1 baseline launch (launch-to-launch CV 6.0% ...)")
         r"(0\.\d+) with one-sided [\d.]+% bounds \[[\d.]+, ([\d.]+)\](?: over [^;]*)?; margin "
-        r"-10\.0% \(no worse "
-        r"than 0\.900 required\)",
+        r"-10\.0% \(no worse than 0\.900 required\)",
         text,
     )
-    assert message is not None, text
-    baseline_tok_s, current_tok_s, ratio, upper = map(float, message.groups())
-    assert current_tok_s < baseline_tok_s
-    # The claim is the FAIL against the -10% margin: the whole interval below 0.9. How far below
-    # depends on what shares the CPU while each side is measured: below 0.5 on one worker, 0.504
-    # and 0.671 beside two other llama.cpp tests on two machines of the CI kind, and 0.727 (upper
-    # bound 0.814, INCONCLUSIVE at the -20% this test had) on a third, whose baseline was
-    # recorded while more shared the CPU (the fixed pair measured +51.6% over it, minutes later).
-    assert ratio < upper < 0.9
+    brief = re.search(
+        r"output tok/s vs eagle3-fixed's baseline: INCONCLUSIVE as well \(ratio (0\.\d+), "
+        r"one-sided [\d.]+% bounds \[[\d.]+, ([\d.]+)\], no worse than 0\.900 required, n=3\); "
+        r"it does not change the FAIL above\.",
+        text,
+    )
+    assert (full is None) != (brief is None), text
+    if full is not None:
+        baseline_tok_s, current_tok_s, ratio, upper = map(float, full.groups())
+        assert current_tok_s < baseline_tok_s
+        assert ratio < upper < 0.9
+    else:
+        assert brief is not None
+        ratio, upper = map(float, brief.groups())
+        assert ratio < upper
+        assert ratio < 0.9
     assert re.search(
         r"accept length vs eagle3-fixed's baseline: FAIL\. Baseline 4\.846 tokens/step "
         r"\(n=4, CV 0\.0%\), current 1 tokens/step \(n=3, CV 0\.0%\); ratio 0\.20\d",
