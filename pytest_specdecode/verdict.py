@@ -80,10 +80,19 @@ class Check:
             f"one-sided {confidence_text(1 - c.alpha)} bounds [{c.ci_low:.3f}, {c.ci_high:.3f}]"
         )
         if brief:
+            # A FAIL held back by the no-change guard reads, in one line, like a FAIL that was
+            # called INCONCLUSIVE for no reason (bounds under the margin): say which reason.
+            guard = ""
+            if c.no_change_high is not None and c.alpha_no_change is not None:
+                level = confidence_text(1 - c.alpha_no_change)
+                guard = (
+                    f"; not distinguishable from no change at {level}: "
+                    f"upper bound {c.no_change_high:.3f}"
+                )
             return (
                 f"{head}: {c.verdict.value.upper()} as well (ratio {c.ratio:.3f}, {bounds}, "
-                f"{direction} {required:.3f} required, n={c.current.n}); it does not change the "
-                "FAIL above."
+                f"{direction} {required:.3f} required, n={c.current.n}{guard}); it does not "
+                "change the FAIL above."
             )
         launches = ""
         if c.launch_cv is not None:

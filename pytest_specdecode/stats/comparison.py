@@ -141,6 +141,9 @@ class Comparison:
     launch_cv: float | None = None  # the launch-to-launch CV in the interval (two-level only)
     df: float | None = None
     alpha_no_change: float | None = None
+    # The no-change guard's upper bound, where it held back a FAIL (the interval cleared the
+    # margin, not "no change"): what a one-line summary of the check must still say.
+    no_change_high: float | None = None
     history_nights: int = 0  # earlier nights whose launch variance is in the interval
 
     @property
@@ -246,10 +249,12 @@ def compare(
         warnings.extend(levels.notes)
     elif two_levels and prior is not None and prior.stated:
         warnings.extend(levels.notes)  # the stated prior's source, or why it was not used
+    no_change_high = None
     if code == -1 and margin < 0 and alpha_no_change is not None:
         guard = interval_at(alpha_no_change)
         if guard.high >= -TIE_TOLERANCE:
             code = 0
+            no_change_high = math.exp(guard.high)
             warnings.append(
                 f"worse than the margin at {confidence_text(1 - alpha)} but not distinguishable "
                 f"from no change at {confidence_text(1 - alpha_no_change)} (upper bound "
@@ -293,6 +298,7 @@ def compare(
         launch_cv=levels.launch_cv if two_levels else None,
         df=interval.df,
         alpha_no_change=alpha_no_change if margin < 0 else None,
+        no_change_high=no_change_high,
         history_nights=prior.nights if prior is not None else 0,
     )
 

@@ -47,6 +47,37 @@ def test_a_decisive_fail_leads_and_is_not_undercut_by_an_undecided_check() -> No
         assert undercut not in text, text
 
 
+def test_an_undecided_check_held_back_by_the_no_change_guard_says_so_in_its_one_line() -> None:
+    """Beside a FAIL, a check whose interval cleared its margin but not "no change" is one line;
+    without the guard's reason, its bounds under the margin read as a FAIL called INCONCLUSIVE
+    for nothing."""
+    held = [1.90 * (1 + 0.06 * ((i * 3) % 5 - 2) / 2) for i in range(5)]  # 5% under, noisy
+    ref = BaselineRef("its own baseline", {"tok_s": BASE_TOK_S, "accept_length": BASE_ACCEPT})
+    checks = evaluate(
+        [Threshold("tok_s", -0.03), Threshold("accept_length", -0.01)],
+        {"tok_s": SLOW_TOK_S, "accept_length": held},
+        {None: ref},
+        alpha=0.15,
+        method="welch-log",
+        alpha_no_change=0.01,
+    )
+    assert [c.verdict for c in checks] == [Verdict.FAIL, Verdict.INCONCLUSIVE]
+    held_back = checks[1].comparison
+    assert held_back is not None
+    assert held_back.no_change_high is not None
+    assert held_back.ci_high < 0.99 <= 1.0 <= held_back.no_change_high
+    line = message(checks, outcome_of(checks)).split("\n\n")[1]
+    assert line == (
+        "accept length vs its own baseline: INCONCLUSIVE as well (ratio 0.951, one-sided 85% "
+        "bounds [0.926, 0.976], no worse than 0.990 required, n=5; not distinguishable from no "
+        f"change at 99%: upper bound {held_back.no_change_high:.3f}); it does not change the "
+        "FAIL above."
+    )
+    # An undecided check the guard did not touch keeps the plain line.
+    _, plain = _fail_beside_an_undecided_check()[0].split("\n\n")
+    assert "no change" not in plain
+
+
 def test_an_inconclusive_check_still_says_what_n_cannot_decide() -> None:
     ref = BaselineRef("its own baseline", {"accept_length": BASE_ACCEPT})
     checks = evaluate(
