@@ -12,6 +12,7 @@ same samples (read back from the JSON report and the baseline files) it also app
 pytest-benchmark's ``mean:5%`` / ``mean:2%`` rules and a single run against 0.95x / 0.98x.
 
     python benchmarks/bench_verdict_e2e.py [--trials 8] [--nights 2] [--launch-cv 0.05]
+        [--max-baseline-cv 0.08]
 
 ``tests/e2e/test_bench_verdict_e2e.py`` runs a small configuration of it in CI.
 """
@@ -123,6 +124,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=8, help="tests per night (default 8)")
     parser.add_argument("--nights", type=int, default=2, help="nights per change (default 2)")
     parser.add_argument("--baseline-runs", type=int, default=None, help="default: the plugin's")
+    parser.add_argument(
+        "--max-baseline-cv", type=float, default=None,
+        help="the recording's --specdecode-max-baseline-cv (default: the plugin's)",
+    )  # fmt: skip
     parser.add_argument("--launch-cv", type=float, default=0.0)
     parser.add_argument("--run-cv", type=float, default=0.03)
     parser.add_argument("--speed", type=float, default=20.0, help="--sim-speed (default 20)")
@@ -136,6 +141,8 @@ def main() -> None:
         record = ["--update-baselines"]
         if args.baseline_runs is not None:
             record += ["--specdecode-baseline-runs", str(args.baseline_runs)]
+        if args.max_baseline_cv is not None:
+            record += ["--specdecode-max-baseline-cv", str(args.max_baseline_cv)]
         recorded = pytest_session(root, env, *record)
         if recorded.returncode != 0:
             raise SystemExit(f"recording the baselines failed:\n{recorded.stdout}")
