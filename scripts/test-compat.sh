@@ -120,9 +120,7 @@ check() {
   local spec=$1 t0 venv rc=0
   t0=$(date +%s)
   venv="$(venv_of "$spec")"
-  # at the lowest priority: scripts/test runs them beside the live-speed tests
-  nice -n 19 "$venv/bin/python" -m pytest -q -p no:randomly -p no:cacheprovider "${tests[@]}" \
-    || rc=$?
+  "$venv/bin/python" -m pytest -q -p no:randomly -p no:cacheprovider "${tests[@]}" || rc=$?
   echo "scripts/test-compat: $spec: tests $(( $(date +%s) - t0 )) s" >&2
   return "$rc"
 }

@@ -124,15 +124,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # the simulated 2-step measures +5.5% over that baseline, and a run 1.3% slower FAILs. Also the
 # simulator's timing against its model, a baseline recorded and then compared within one test, and
 # the cross-night tests whose claim is the size of tonight's change (their nights are built around
-# a level the test measured moments before). Beside the rest of the suite at the same priority
-# (three workers keep two cores 80-100% busy) these measured 1-2% slow and FAILed on CI machines,
-# in four of six runs on a slow one, even at nice -10 against the suite's 0 (one such machine's
-# pure-Python loop took 3.5 s to 6.1 s within one session). So scripts/test runs them in a pytest
-# run of their own, one at a time (SPECDECODE_TEST_QUIET=only), as root at nice -10 (the server
-# and client the test starts inherit it), and the rest beside them at nice 19 (=defer): a
-# nice-19 process runs only on a core they leave idle, and they leave three quarters of two
-# cores idle. A plain `pytest tests` runs them with the rest, where, as root, they still take
-# the CPU first.
+# a level the test measured moments before). Beside the rest of the suite (three workers keep two
+# cores 80-100% busy) these measured 1-2% slow and FAILed on CI machines, in four of six runs on a
+# slow one, also at nice -10, which orders a VM's own processes but not what the host gives the VM
+# (one such machine's pure-Python loop took 3.5 s to 6.1 s within one session); the more of its own
+# load a slow VM carries, the further behind it falls. So scripts/test runs them on their own after
+# the rest, one at a time, on the quiet machine their claims are about: the parallel run sets
+# SPECDECODE_TEST_QUIET=defer (they are deselected) and the quiet run =only (all else is). Only
+# the unit tests (no server, nothing timed) run beside them, at nice 19, which leaves a core to a
+# live-speed test whenever it wants one (the whole rest at nice 19 was tried: its own recordings
+# of CPU-paced runs, starved in those moments, went over their CV limits). A plain
+# `pytest tests` runs them with the rest, where, as root, they still take the CPU first (nice -10:
+# the server and client the test starts inherit it).
 QUIET_MACHINE = "quiet_machine"
 QUIET_MACHINE_NICE = -10
 QUIET_PHASE_VARIABLE = "SPECDECODE_TEST_QUIET"
@@ -158,8 +161,8 @@ def _select_phase(config: pytest.Config, items: list[pytest.Item], phase: str) -
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{QUIET_MACHINE}: claims a live speed (tests/conftest.py); scripts/test runs it one at "
-        f"a time, as root at nice {QUIET_MACHINE_NICE}, beside the rest at nice 19",
+        f"{QUIET_MACHINE}: claims a live speed (tests/conftest.py); scripts/test runs it after "
+        f"the rest, alone, and as root at nice {QUIET_MACHINE_NICE}",
     )
     config.addinivalue_line(
         "markers",

@@ -22,10 +22,10 @@ def test_the_end_to_end_bench_prints_the_operating_characteristic() -> None:
     command = [
         sys.executable, str(REPO / "benchmarks" / "bench_verdict_e2e.py"),
         "--trials", "2", "--nights", "1", "--baseline-runs", "10", "--changes", "0", "-0.2",
-        # Its tokens come every 1.3 ms, paced by the CPU: beside the live-speed tests (which
-        # scripts/test runs at nice -10 while this runs at 19) one recording measured a tok/s CV
-        # of 10.6%, over the plugin's 8% limit, and the benchmark stopped. What this test claims
-        # is the table, so the recording keeps what the machine gave.
+        # Its tokens come every 1.3 ms, paced by the CPU: under a load that comes in bursts (run
+        # at nice 19 beside the live-speed tests, an arrangement tried and not kept) one
+        # recording measured a tok/s CV of 10.6%, over the plugin's 8% limit, and the benchmark
+        # stopped. What this test claims is the table, so the recording keeps what it measured.
         "--max-baseline-cv", "0.3",
     ]  # fmt: skip
     done = subprocess.run(

@@ -1,5 +1,5 @@
 """scripts/test's two runs of this suite split it, and lose nothing: the parallel run
-(SPECDECODE_TEST_QUIET=defer) and the live-speed run beside it (=only) together collect every test
+(SPECDECODE_TEST_QUIET=defer) and the live-speed run after it (=only) together collect every test
 exactly once, the live-speed run exactly the quiet_machine tests (tests/conftest.py)."""
 
 from __future__ import annotations
