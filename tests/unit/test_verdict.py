@@ -9,7 +9,14 @@ import pytest
 
 from pytest_specdecode.result import Outcome
 from pytest_specdecode.stats.comparison import Verdict, compare, confidence_text
-from pytest_specdecode.verdict import BaselineRef, Threshold, evaluate, message, outcome_of
+from pytest_specdecode.verdict import (
+    BaselineRef,
+    Check,
+    Threshold,
+    evaluate,
+    message,
+    outcome_of,
+)
 
 # Deterministic per-run values: a baseline of 20 runs at about 2% CV, and current runs around it.
 BASE_TOK_S = [100 * (1 + 0.03 * ((i * 7) % 11 - 5) / 5) for i in range(20)]
@@ -20,15 +27,23 @@ NOISY_ACCEPT = [1.98 * (1 + 0.06 * ((i * 3) % 5 - 2) / 2) for i in range(5)]  # 
 P_VALUE = re.compile(r"p\((pass|fail)\)=[0-9.e+-]+")
 
 
-def _fail_beside_an_undecided_check() -> tuple[str, Outcome]:
+def _slow_tok_s_beside(
+    accept: list[float], alpha_no_change: float | None = None
+) -> tuple[Check, ...]:
+    """A tok/s 15% under its baseline (a FAIL at -3%) beside an accept-length check at -1%."""
     ref = BaselineRef("its own baseline", {"tok_s": BASE_TOK_S, "accept_length": BASE_ACCEPT})
-    checks = evaluate(
+    return evaluate(
         [Threshold("tok_s", -0.03), Threshold("accept_length", -0.01)],
-        {"tok_s": SLOW_TOK_S, "accept_length": NOISY_ACCEPT},
+        {"tok_s": SLOW_TOK_S, "accept_length": accept},
         {None: ref},
         alpha=0.15,
         method="welch-log",
+        alpha_no_change=alpha_no_change,
     )
+
+
+def _fail_beside_an_undecided_check() -> tuple[str, Outcome]:
+    checks = _slow_tok_s_beside(NOISY_ACCEPT)
     # The accept-length check alone would say that n=5 cannot decide it.
     assert checks[1].comparison is not None
     assert any("cannot be decided" in w for w in checks[1].comparison.warnings)
@@ -52,15 +67,7 @@ def test_an_undecided_check_held_back_by_the_no_change_guard_says_so_in_its_one_
     without the guard's reason, its bounds under the margin read as a FAIL called INCONCLUSIVE
     for nothing."""
     held = [1.90 * (1 + 0.06 * ((i * 3) % 5 - 2) / 2) for i in range(5)]  # 5% under, noisy
-    ref = BaselineRef("its own baseline", {"tok_s": BASE_TOK_S, "accept_length": BASE_ACCEPT})
-    checks = evaluate(
-        [Threshold("tok_s", -0.03), Threshold("accept_length", -0.01)],
-        {"tok_s": SLOW_TOK_S, "accept_length": held},
-        {None: ref},
-        alpha=0.15,
-        method="welch-log",
-        alpha_no_change=0.01,
-    )
+    checks = _slow_tok_s_beside(held, alpha_no_change=0.01)
     assert [c.verdict for c in checks] == [Verdict.FAIL, Verdict.INCONCLUSIVE]
     held_back = checks[1].comparison
     assert held_back is not None
