@@ -258,7 +258,7 @@ def compare(
             warnings.append(
                 f"worse than the margin at {confidence_text(1 - alpha)} but not distinguishable "
                 f"from no change at {confidence_text(1 - alpha_no_change)} (upper bound "
-                f"{math.exp(guard.high):.3f}): "
+                f"{no_change_high:.3f}): "
                 "not called a regression"
             )
     design = mde_design(log_cur, log_base, cur_constant, base_constant)
