@@ -6,9 +6,11 @@
 # broken by pytest 9.2's structured node ids until the plugin repaired xdist's tag) and the
 # benchmark bridge. Called by scripts/test; prints each pin set's time.
 #
-# `scripts/test-compat.sh [INSTALLED_FLAG]`: the venvs are installed first, one after another,
-# then FLAG is created, then the tests run. scripts/test starts its main pytest run at the flag:
-# the installs write the checkout's egg-info, which a pytest started in the checkout reads.
+# `scripts/test-compat.sh`: the venvs are installed, one after another, then the tests run.
+# `--install` only installs, `--tests` only runs the tests (installing what is missing first).
+# scripts/test installs early and waits for it before its main pytest run (the installs write
+# the checkout's egg-info, which a pytest started in the checkout reads), and runs the tests
+# beside the live-speed tests, at nice 19: they claim no speed.
 # Every other package is held at the lock's version (scripts/test-requirements.txt, as
 # constraints): only the pinned three differ from the main suite's environment.
 #
@@ -76,7 +78,15 @@ print(version(sys.argv[1]))' "$name")"
   exit 0
 fi
 
-installed_flag="${1:-}"
+mode="${1:-all}"
+case "$mode" in
+  all | --install | --tests) ;;
+  *)
+    echo "scripts/test-compat.sh: unknown argument '$mode': expected --install, --tests or" \
+      "--newest, or none (install, then test)" >&2
+    exit 2
+    ;;
+esac
 pins=(
   "pytest==8.0.0 pytest-xdist==3.5.0 pytest-benchmark==4.0.0"  # the bounds in pyproject.toml
   "pytest==9.2.0 pytest-xdist==3.8.0 pytest-benchmark==5.3.1"  # the newest tested
@@ -112,6 +122,8 @@ install() {
         --no-build-isolation -c "$constraints" -e . jsonschema $spec
     ) 9>"$cache/compat-install.lock"
     echo "$want" >"$stamp"
+  elif [ "$mode" = --tests ]; then
+    return 0  # installed by the earlier --install: nothing to say
   fi
   echo "scripts/test-compat: $spec: installed in $(( $(date +%s) - t0 )) s" >&2
 }
@@ -128,8 +140,8 @@ check() {
 for spec in "${pins[@]}"; do
   install "$spec"
 done
-if [ -n "$installed_flag" ]; then
-  touch "$installed_flag"
+if [ "$mode" = --install ]; then
+  exit 0
 fi
 
 # The pin sets side by side (their tests mostly wait on servers), each one's output shown whole

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 # httpx 0.28 imports httpcore on its first connection. Where that is inside a pytester test,
@@ -130,16 +131,57 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # (one such machine's pure-Python loop took 3.5 s to 6.1 s within one session); the more of its own
 # load a slow VM carries, the further behind it falls. So scripts/test runs them on their own after
 # the rest, one at a time, on the quiet machine their claims are about: the parallel run sets
-# SPECDECODE_TEST_QUIET=defer (they are deselected) and the quiet run =only (all else is). Only
-# the unit tests (no server, nothing timed) run beside them, at nice 19, which leaves a core to a
-# live-speed test whenever it wants one (the whole rest at nice 19 was tried: its own recordings
-# of CPU-paced runs, starved in those moments, went over their CV limits). A plain
+# SPECDECODE_TEST_QUIET=defer (they are deselected) and the quiet run =only (all else is). A plain
 # `pytest tests` runs them with the rest, where, as root, they still take the CPU first (nice -10:
 # the server and client the test starts inherit it).
 QUIET_MACHINE = "quiet_machine"
 QUIET_MACHINE_NICE = -10
 QUIET_PHASE_VARIABLE = "SPECDECODE_TEST_QUIET"
-QUIET_PHASES = ("defer", "only")
+QUIET_PHASES = ("defer", "beside", "only")
+
+# The live-speed tests keep only about a quarter of two cores busy (most of their time is
+# simulated time), so scripts/test runs these beside them, at nice 19 (=beside; the parallel run
+# leaves them out): tests that claim no speed, wait on no tight deadline and record no baseline
+# under a CV limit a starved moment could break, chosen among those that use the CPU most for
+# their time (test_bench_nightly computes its detection tables; the contract tests parse
+# SGLang's sources). Nice 19 leaves a core to a live-speed test whenever it wants one. The whole
+# rest at nice 19 was tried: the recordings of CPU-paced runs, starved in those moments, went
+# over their CV limits, and the hang tests' "fails at once" is a bound of one second.
+BESIDE_THE_QUIET_TESTS = (
+    "tests/unit/",
+    "tests/contract/",
+    "tests/test_pytest_forkserver.py",
+    "tests/e2e/test_bench_nightly.py",
+    "tests/e2e/test_verdicts_marker.py",
+    "tests/e2e/test_cli_surface.py",
+    "tests/e2e/test_warnings_e2e.py",
+)
+
+
+def _beside(path: Path, config: pytest.Config) -> bool | None:
+    """Whether PATH runs beside the live-speed tests; None for a folder that holds some that do
+    and some that do not, or a path outside the suite."""
+    try:
+        relative = path.relative_to(config.rootpath).as_posix()
+    except ValueError:
+        return None
+    relative += "/" if path.is_dir() else ""
+    if relative.startswith(BESIDE_THE_QUIET_TESTS):
+        return True
+    if any(beside.startswith(relative) for beside in BESIDE_THE_QUIET_TESTS):
+        return None
+    return False
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The =defer and =beside runs do not even collect the other's folders and files
+    (collecting tests/unit costs each xdist worker seconds of imports). pytest asks this of
+    what it finds, not of the paths on its command line: _select_phase sorts those out."""
+    phase = os.environ.get(QUIET_PHASE_VARIABLE, "")
+    beside = _beside(collection_path, config)
+    if beside is None or phase not in ("defer", "beside"):
+        return None
+    return True if beside != (phase == "beside") else None
 
 
 def _select_phase(config: pytest.Config, items: list[pytest.Item], phase: str) -> None:
@@ -148,11 +190,13 @@ def _select_phase(config: pytest.Config, items: list[pytest.Item], phase: str) -
             f"{QUIET_PHASE_VARIABLE}={phase!r} (from the environment): expected one of "
             f"{', '.join(QUIET_PHASES)}, or unset it to run every test together"
         )
-    want_quiet = phase == "only"
     keep, deselected = [], []
     for item in items:
-        quiet = item.get_closest_marker(QUIET_MACHINE) is not None
-        (keep if quiet == want_quiet else deselected).append(item)
+        if item.get_closest_marker(QUIET_MACHINE) is not None:
+            wanted = phase == "only"
+        else:
+            wanted = phase == ("beside" if _beside(item.path, config) else "defer")
+        (keep if wanted else deselected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = keep
