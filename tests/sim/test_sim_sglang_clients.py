@@ -91,9 +91,11 @@ def test_bench_serving_sglang_backend_measures_the_sims_speed_and_accept_length(
     assert result["output_lens"] == [output_len] * NUM_PROMPTS
     assert result["total_output_tokens"] == output_len * NUM_PROMPTS
 
-    # Streamed as generated: the first text arrives long before the request ends.
+    # Streamed as generated: the first text of every request arrives long before the request
+    # ends (unstreamed, it would arrive with the end). Half the time, not a fifth: on a loaded
+    # 2-core machine one request of six waited 60 ms for its first text, of a 285 ms request.
     e2e_seconds = result["median_e2e_latency_ms"] / 1000
-    assert max(result["ttfts"]) < 0.2 * e2e_seconds, (result["ttfts"], e2e_seconds)
+    assert max(result["ttfts"]) < 0.5 * e2e_seconds, (result["ttfts"], e2e_seconds)
 
     # Throughput at the sim's speed lands near the seed's figure; client overhead costs a
     # little, a loaded 2-core machine a little more, nothing makes it faster.
