@@ -137,7 +137,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 QUIET_MACHINE = "quiet_machine"
 QUIET_MACHINE_NICE = -10
 QUIET_PHASE_VARIABLE = "SPECDECODE_TEST_QUIET"
-QUIET_PHASES = ("defer", "beside", "only")
+QUIET_PHASES = ("defer", "waiting", "beside", "only")
+
+# The tests that mostly wait (a hang bound, servers at 5x): scripts/test runs them in a lane of
+# their own beside the parallel run (=waiting; the parallel run leaves them out), at the same
+# priority, so that they hold no worker of it. The parallel run is bound by its workers, not the
+# cores; a fourth worker there kept the cores busier, but the CPU-paced measurements of the
+# tests beside it got noisier (two INCONCLUSIVE checks where a PASS was needed).
+WAITING_TESTS = (
+    "tests/e2e/test_hangs_e2e.py",
+    "tests/e2e/test_compare_e2e.py",
+    "tests/e2e/test_server_identity_e2e.py",
+    "tests/e2e/test_failed_after_test_e2e.py",
+    "tests/sim/test_sim_faults.py",
+)
 
 # The live-speed tests keep only about a quarter of two cores busy (most of their time is
 # simulated time), so scripts/test runs these beside them, at nice 19 (=beside; the parallel run
@@ -156,32 +169,34 @@ BESIDE_THE_QUIET_TESTS = (
     "tests/e2e/test_cli_surface.py",
     "tests/e2e/test_warnings_e2e.py",
 )
+PATHS_OF_PHASE = {"waiting": WAITING_TESTS, "beside": BESIDE_THE_QUIET_TESTS}
 
 
-def _beside(path: Path, config: pytest.Config) -> bool | None:
-    """Whether PATH runs beside the live-speed tests; None for a folder that holds some that do
-    and some that do not, or a path outside the suite."""
+def _phase_of(path: Path, config: pytest.Config) -> str | None:
+    """The run that takes the tests under PATH, quiet_machine tests aside: defer, waiting or
+    beside; None for a folder that holds tests of several, or a path outside the suite."""
     try:
         relative = path.relative_to(config.rootpath).as_posix()
     except ValueError:
         return None
     relative += "/" if path.is_dir() else ""
-    if relative.startswith(BESIDE_THE_QUIET_TESTS):
-        return True
-    if any(beside.startswith(relative) for beside in BESIDE_THE_QUIET_TESTS):
+    for phase, paths in PATHS_OF_PHASE.items():
+        if relative.startswith(paths):
+            return phase
+    if any(named.startswith(relative) for paths in PATHS_OF_PHASE.values() for named in paths):
         return None
-    return False
+    return "defer"
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """The =defer and =beside runs do not even collect the other's folders and files
+    """The =defer, =waiting and =beside runs do not even collect the others' folders and files
     (collecting tests/unit costs each xdist worker seconds of imports). pytest asks this of
     what it finds, not of the paths on its command line: _select_phase sorts those out."""
     phase = os.environ.get(QUIET_PHASE_VARIABLE, "")
-    beside = _beside(collection_path, config)
-    if beside is None or phase not in ("defer", "beside"):
+    if phase not in ("defer", "waiting", "beside"):
         return None
-    return True if beside != (phase == "beside") else None
+    of_path = _phase_of(collection_path, config)
+    return True if of_path is not None and of_path != phase else None
 
 
 def _select_phase(config: pytest.Config, items: list[pytest.Item], phase: str) -> None:
@@ -195,7 +210,7 @@ def _select_phase(config: pytest.Config, items: list[pytest.Item], phase: str) -
         if item.get_closest_marker(QUIET_MACHINE) is not None:
             wanted = phase == "only"
         else:
-            wanted = phase == ("beside" if _beside(item.path, config) else "defer")
+            wanted = phase == _phase_of(item.path, config)
         (keep if wanted else deselected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
