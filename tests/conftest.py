@@ -190,8 +190,9 @@ def _phase_of(path: Path, config: pytest.Config) -> str | None:
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """The =defer, =waiting and =beside runs do not even collect the others' folders and files
-    (collecting tests/unit costs each xdist worker seconds of imports). pytest asks this of
-    what it finds, not of the paths on its command line: _select_phase sorts those out."""
+    (collecting the 965 tests that run beside the live-speed ones takes a process about a
+    second). pytest asks this of what it finds, not of the paths on its command line:
+    _select_phase sorts those out."""
     phase = os.environ.get(QUIET_PHASE_VARIABLE, "")
     if phase not in ("defer", "waiting", "beside"):
         return None
