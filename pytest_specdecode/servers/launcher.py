@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from pytest_specdecode.redaction import is_secret_flag, redact_url
+from pytest_specdecode.servers.ports import claim
 
 # What a launcher records in the pool's state file so that a later pytest session (or another
 # xdist worker) can find, check and stop the same server: {"kind": "subprocess", "pid": ...} or
@@ -84,17 +85,22 @@ def find_free_port(
 ) -> int:
     """A port that is free now: from the OS's ephemeral range, or a random one in
     ``port_range`` (inclusive) for which every port ``derived(port)`` is free as well and none
-    is in ``avoid`` (ports other servers of this machine were given).
+    is in ``avoid`` (ports other servers of this machine were given), claimed for this launch
+    machine-wide (:func:`~pytest_specdecode.servers.ports.claim`): no other session of the
+    plugin on this machine is handed it while the server that gets it starts.
 
-    There is a window between this check and the server binding the port (SGLang binds its
-    HTTP port last, after the load), so a lost race still shows up as the server's own "address
-    already in use" exit, reported with its log.
+    A program that is not this plugin can still bind the port between this check and the server
+    binding it (SGLang binds its HTTP port last, after the load): that shows up as the server's
+    own "address already in use" exit, reported with its log.
     """
     if port_range is None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port: int = sock.getsockname()[1]
-            return port
+        for _ in range(attempts):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((host, 0))
+                port: int = sock.getsockname()[1]
+            if claim(port):
+                return port
+        raise OSError(f"no free port on {host} that another launch has not claimed")
     low, high = port_range
     rng = random.SystemRandom()
     for _ in range(attempts):
@@ -102,11 +108,12 @@ def find_free_port(
         ports = [port, *derived(port)]
         if any(p in avoid or not 0 < p < 65536 for p in ports):
             continue
-        if all(_bindable(host, p) for p in ports):
+        if all(_bindable(host, p) for p in ports) and all(claim(p) for p in ports):
             return port
     raise OSError(
         f"no free port in {low}-{high} on {host} after {attempts} tries (with the ports the "
-        "server derives from it); free some, or set the profile's port"
+        "server derives from it, and none that another launch on this machine has claimed); "
+        "free some, or set the profile's port"
     )
 
 

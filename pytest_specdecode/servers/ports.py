@@ -9,17 +9,88 @@ its own session (``start_new_session``), so the listener is ours exactly when a 
 session holds the socket.
 
 Without ``/proc`` (macOS) nothing can be proven; callers say so instead of guessing.
+
+Before that, a port has to be chosen that no other launch is about to take: :func:`claim`.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
+import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 _PROC = Path("/proc")
 _LISTEN = "0A"  # the TCP state LISTEN in /proc/net/tcp
+
+# -- claiming a port for a launch ----------------------------------------------------------------
+#
+# A free port is chosen some time before the server binds it: the interpreter's start and, for
+# SGLang, the whole load (the simulated server too keeps the port closed while "loading"). Two
+# launches that choose in that window can be handed the same port, and the later server dies of
+# "address already in use". Sessions that share a state directory never do (the choice and its
+# record are one step under the state file's lock), but sessions with different state
+# directories do: two users of one box, CI jobs with their own HOME, the plugin's own test suite
+# (one state directory per test, dozens of servers starting at once on three xdist workers).
+#
+# So a launch also claims its port machine-wide, where every session sees it whatever its state
+# directory or user: an abstract Unix socket named after the port (Linux; the abstract namespace
+# belongs to the network namespace, exactly where the TCP port lives). Binding the name is
+# atomic, and the kernel drops it when the process that holds it exits, so a killed session
+# leaves no claim behind. A process keeps its last CLAIMS_KEPT claims: a process launches one
+# server at a time, and by the time it has chosen that many more ports the server that wanted an
+# old one has bound it or is gone (the port checks then speak for it).
+
+CLAIM_PREFIX = "pytest-specdecode.port."
+CLAIMS_KEPT = 32
+_claims: OrderedDict[int, socket.socket] = OrderedDict()
+_claims_lock = threading.Lock()
+
+
+def claims_available() -> bool:
+    """Whether this machine has the abstract socket namespace that :func:`claim` uses."""
+    return sys.platform.startswith("linux")
+
+
+def claim(port: int) -> bool:
+    """Claim ``port`` for a launch by this process: ``False`` when another process holds a claim
+    on it (another session is about to start a server there), ``True`` otherwise. A port this
+    process claimed before is claimed again (its earlier server has bound it or is gone: the
+    caller checks that the port is free). Without the abstract namespace (not Linux) every port
+    counts as claimed, as before there were claims."""
+    if not claims_available():
+        return True
+    with _claims_lock:
+        held = _claims.get(port)
+        if held is not None:
+            _claims.move_to_end(port)
+            return True
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # not inherited by children
+        try:
+            sock.bind(f"\0{CLAIM_PREFIX}{port}")
+        except OSError as exc:
+            sock.close()
+            # taken by another process; any other error: no claims here (a sandbox without Unix
+            # sockets), so the port counts as claimed, as without /proc
+            return exc.errno != errno.EADDRINUSE
+        _claims[port] = sock
+        while len(_claims) > CLAIMS_KEPT:
+            _, oldest = _claims.popitem(last=False)
+            oldest.close()
+        return True
+
+
+def release_claims() -> None:
+    """Drop every claim of this process (its exit does the same)."""
+    with _claims_lock:
+        while _claims:
+            _, sock = _claims.popitem()
+            sock.close()
 
 
 @dataclass(frozen=True)
