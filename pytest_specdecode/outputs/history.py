@@ -11,13 +11,17 @@ layout is versioned (:data:`HISTORY_SCHEMA_VERSION`) and described by
 Appending is safe from several processes at once (xdist controllers of parallel CI jobs sharing
 a file): each record is one ``write`` of one complete line to a descriptor opened with
 ``O_APPEND``, under a ``filelock`` next to the file, so lines neither interleave nor get lost
-whatever their length. A line torn by a crash is left where it is, and the next append starts
-on a fresh line; :func:`read_history` then names that line instead of skipping it.
+whatever their length. A line is whole or absent: an append that fails (a full disk, an I/O
+error, Ctrl-C) is cut back to the file's previous size, and a last line torn by a writer that
+was killed outright is moved to ``PATH.torn`` by the next append, which says so.
+:func:`read_history` names a bad line (file and line) and stops, or hands it to the caller's
+``on_bad_line`` and goes on (:class:`BadLines`: the session's readers, each line once).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -170,9 +174,16 @@ def history_record(
 # --------------------------------------------------------------------------- append
 
 
-def append_history(path: Path, record: Mapping[str, Any], *, lock_timeout: float = 60.0) -> None:
+def append_history(
+    path: Path, record: Mapping[str, Any], *, lock_timeout: float = 60.0
+) -> str | None:
     """Append ``record`` as one line to the JSON-lines file ``path`` (created with its parent
-    directories). Safe against concurrent appenders, see the module docstring."""
+    directories). Safe against concurrent appenders, see the module docstring.
+
+    The line is whole or absent: a write that fails (a full disk, an I/O error, Ctrl-C or
+    SIGTERM) is cut back to the file's previous size before the error is raised. A torn last
+    line left by a writer that was killed is moved aside first (:func:`_mend_last_line`).
+    Returns what was mended, as a sentence naming the file and line, or None."""
     path = Path(path)
     if not isinstance(record, Mapping) or record.get("schema_version") != HISTORY_SCHEMA_VERSION:
         raise HistoryError(
@@ -190,11 +201,11 @@ def append_history(path: Path, record: Mapping[str, Any], *, lock_timeout: float
         with lock:
             fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
+                note = _mend_last_line(fd, path)
                 size = os.fstat(fd).st_size
                 if size and os.pread(fd, 1, size - 1) != b"\n":
-                    data = b"\n" + data  # a torn last line stays separate (and is reported)
-                _write_all(fd, data)
-                os.fsync(fd)
+                    data = b"\n" + data  # the torn line could not be moved: fenced off
+                _append_whole(fd, data, size)
             finally:
                 os.close(fd)
     except filelock.Timeout as exc:
@@ -204,28 +215,120 @@ def append_history(path: Path, record: Mapping[str, Any], *, lock_timeout: float
         ) from exc
     except OSError as exc:
         raise HistoryError(
-            f"could not append the session's history to {path}: {exc}; check the path "
-            "(--specdecode-history) and its permissions"
+            f"could not append the session's history to {path}: {exc}; "
+            f"{os_error_hint(exc, '--specdecode-history')}"
         ) from exc
+    return note
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+def os_error_hint(exc: OSError, option: str) -> str:
+    """What to do about ``exc`` when writing the file that ``option`` names: a full disk is
+    not a matter of permissions."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            "the file system holding it is full (or its quota is spent): free space there, or "
+            f"point {option} at another file system"
+        )
+    if exc.errno == errno.EROFS:
+        return f"its file system is mounted read-only: point {option} at a writable one"
+    if exc.errno == errno.EIO:
+        return "the disk reported an I/O error: check the disk (dmesg) before the next night"
+    return f"check the path ({option}) and its permissions"
+
+
+def _append_whole(fd: int, data: bytes, size: int) -> None:
+    """Write ``data`` at the end of ``fd`` (``size`` bytes long) and sync it, or leave the file
+    at ``size`` bytes: whatever stops the write half-way (ENOSPC, EIO, Ctrl-C or SIGTERM taken
+    as KeyboardInterrupt) is followed by a truncation back to ``size``."""
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    except BaseException as exc:
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        except OSError as cut:
+            if isinstance(exc, OSError):
+                raise OSError(
+                    exc.errno,
+                    f"{exc.strerror}, and cutting the file back to its {size} bytes failed too "
+                    f"({cut}): its last line is torn; the next append moves it aside",
+                ) from exc
+            raise
+        if isinstance(exc, OSError):
+            raise OSError(
+                exc.errno,
+                f"{exc.strerror}; nothing of this session's line was kept: the history is as it "
+                f"was ({size} bytes)",
+            ) from exc
+        raise
+
+
+def _mend_last_line(fd: int, path: Path) -> str | None:
+    """A last line without its newline (a writer killed mid-append, or a line added by hand):
+    a whole record gets its newline; anything else is moved to ``PATH.torn`` (appended there)
+    and cut from the history, so the history keeps whole records only. Where the move fails
+    the line stays, and the caller fences it off with a newline before the next record;
+    readers then skip it, naming it. Returns what was done, or None for a file that ends in
+    a newline (or is empty)."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return None
+    content = os.pread(fd, size, 0)
+    start = content.rfind(b"\n") + 1
+    tail = content[start:]
+    number = content.count(b"\n", 0, start) + 1
+    where = f"{path}:{number}"
+    try:
+        parse_record(tail, where=where)
+    except HistoryError:
+        pass
+    else:
+        _append_whole(fd, b"\n", size)
+        return f"{where}: the last line had no newline at its end; added before this session's"
+    what = (
+        f"{where}: the last line was cut off ({len(tail):,} bytes and no newline: an append "
+        "interrupted by a crash, a kill or a full disk) and is not a whole record"
+    )
+    aside = Path(f"{path}.torn")
+    try:
+        with aside.open("ab") as handle:
+            handle.write(tail + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.ftruncate(fd, start)
+        os.fsync(fd)
+    except OSError as exc:
+        return (
+            f"{what}; it could not be moved to {aside} ({exc}), so it stays as line {number} "
+            "and this session's line starts on the next; readers skip that line"
+        )
+    return f"{what}; moved to {aside}, so the history holds whole records only"
 
 
 # --------------------------------------------------------------------------- read
+
+
+class BadLine(HistoryError):
+    """A line of a history file that is not a valid record, as a reader that skips it reports
+    it: ``where`` (``FILE:LINE``) and ``why``; its text names both, without a remedy."""
+
+    def __init__(self, where: str, why: str) -> None:
+        self.where = where
+        self.why = why
+        super().__init__(f"{where}: {why}")
 
 
 def read_history(
     path: Path, *, on_bad_line: Callable[[HistoryError], None] | None = None
 ) -> list[dict[str, Any]]:
     """Every record of ``path``, in file order. A line that is not a valid record raises
-    :class:`HistoryError` naming the file and line, unless ``on_bad_line`` is given: then it
-    receives that error and the line is left out. Blank lines are not records and are passed
-    over."""
+    :class:`HistoryError` naming the file and line and what to do, unless ``on_bad_line`` is
+    given: then it receives a :class:`BadLine` and the line is left out. Blank lines are not
+    records and are passed over."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -237,16 +340,42 @@ def read_history(
     except OSError as exc:
         raise HistoryError(f"cannot read history file {path}: {exc}") from exc
     records = []
-    for number, line in enumerate(raw.split(b"\n"), start=1):
+    lines = raw.split(b"\n")
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        where = f"{path}:{number}"
         try:
-            records.append(parse_record(line, where=f"{path}:{number}"))
+            records.append(parse_record(line, where=where))
         except HistoryError as exc:
             if on_bad_line is None:
                 raise
-            on_bad_line(exc)
+            why = str(exc).removeprefix(f"{where}: ").removesuffix(f"; {_REMEDY}")
+            if number == len(lines):  # no newline after it: a writer was cut off
+                why = (
+                    f"the last line has no newline at its end and is not a whole record (an "
+                    f"append cut off by a crash or a full disk; the next append moves it "
+                    f"aside): {why}"
+                )
+            on_bad_line(BadLine(where, why))
     return records
+
+
+class BadLines:
+    """An ``on_bad_line`` for the readers of one session, adding each bad line to
+    ``warnings`` once: the session reads the history at its start and again for the dashboard,
+    and both name the same line in the same words."""
+
+    def __init__(self, warnings: list[str]) -> None:
+        self._warnings = warnings
+
+    def __call__(self, exc: HistoryError) -> None:
+        text = (
+            f"history line skipped: {exc}. The session reads the other lines; fix or delete "
+            "that line to stop this warning"
+        )
+        if text not in self._warnings:
+            self._warnings.append(text)
 
 
 def parse_record(line: bytes | str, *, where: str) -> dict[str, Any]:

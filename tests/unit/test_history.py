@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
+import os
 import struct
+import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,8 +17,10 @@ import jsonschema
 import pytest
 from reportdata import errored, night, scaled, seed_result, seed_results
 
+from pytest_specdecode.outputs import history as history_module
 from pytest_specdecode.outputs.history import (
     HISTORY_SCHEMA_PATH,
+    BadLines,
     HistoryError,
     append_history,
     history_record,
@@ -177,20 +182,6 @@ def test_a_bad_line_is_named_with_file_line_and_remedy(tmp_path: Path) -> None:
     assert [r["time_utc"] for r in records] == ["2026-11-01T03:00:00Z", "2026-11-03T03:00:00Z"]
     assert len(skipped) == 1
     assert f"{path}:2:" in str(skipped[0])
-
-
-def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path: Path) -> None:
-    path = tmp_path / "history.jsonl"
-    append_history(path, night(1))
-    full = json.dumps(night(2))
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(full[: len(full) // 2])  # a writer died mid-line, no newline
-    append_history(path, night(3))
-    problems: list[HistoryError] = []
-    records = read_history(path, on_bad_line=problems.append)
-    assert [r["run_id"] for r in records] == ["night-1", "night-3"]
-    assert len(problems) == 1
-    assert f"{path}:2:" in str(problems[0])
 
 
 @pytest.mark.parametrize(
@@ -492,3 +483,197 @@ def test_plot_trend_without_matplotlib_names_the_extra(
     assert INSTALL_HINT in str(caught.value)
     assert INSTALL_HINT == "pip install 'pytest-specdecode[plot]'"
     assert not (tmp_path / "t.png").exists()
+
+
+# --------------------------------------------------------------------------- a failed append
+
+
+def _failing_write(monkeypatch: pytest.MonkeyPatch, error: BaseException, keep: int) -> None:
+    """``os.write`` in the history module writes ``keep`` bytes of the first write that is
+    longer than that, then raises ``error`` on the next call, as a full disk or a dying disk
+    does (the first call succeeds partly, the next fails)."""
+    real = os.write
+    calls = {"n": 0}
+
+    def write(fd: int, data: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1 and len(data) > keep:
+            return real(fd, bytes(data[:keep]))
+        if calls["n"] >= 2:
+            raise error
+        return real(fd, data)
+
+    monkeypatch.setattr(history_module.os, "write", write)
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "the file system holding it is full"),
+        (OSError(errno.EIO, "Input/output error"), "the disk reported an I/O error"),
+        (KeyboardInterrupt("signal 15"), None),
+    ],
+    ids=["ENOSPC", "EIO", "SIGTERM"],
+)
+def test_an_append_that_fails_half_way_leaves_the_history_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException, says: str | None
+) -> None:
+    path = tmp_path / "history.jsonl"
+    append_history(path, night(1))
+    before = path.read_bytes()
+    _failing_write(monkeypatch, error, keep=2346)
+
+    with pytest.raises(type(error) if says is None else HistoryError) as caught:
+        append_history(path, night(2))
+
+    assert path.read_bytes() == before  # the 2,346 bytes that fitted were cut back
+    assert [r["run_id"] for r in read_history(path)] == ["night-1"]
+    if says is not None:
+        message = str(caught.value)
+        assert f"could not append the session's history to {path}" in message
+        assert f"the history is as it was ({len(before)} bytes)" in message
+        assert says in message
+        assert "permissions" not in message  # a full or failing disk is not a permission
+    monkeypatch.undo()
+    append_history(path, night(3))  # the next night appends as if nothing happened
+    assert [r["run_id"] for r in read_history(path)] == ["night-1", "night-3"]
+
+
+def test_a_denied_path_is_still_a_matter_of_permissions(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the history's folder should be\n")
+    with pytest.raises(HistoryError) as caught:
+        append_history(blocker / "history.jsonl", night(1))
+    assert "check the path (--specdecode-history) and its permissions" in str(caught.value)
+
+
+def _tmpfs(directory: Path, size: str) -> bool:
+    """Mount a tmpfs of ``size`` on ``directory``; False where this machine will not."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        return False
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+        capture_output=True,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+def test_a_full_file_system_keeps_the_history_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a real full tmpfs where the machine allows a mount (root in CI), else with the stand-in
+    that fails the write the way a full disk does: either way the same assertions run."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = _tmpfs(disk, "64k")
+    try:
+        path = disk / "history.jsonl"
+        append_history(path, night(1))
+        before = path.read_bytes()
+        big = {**night(2), "padding": "x" * 200_000}  # more than the disk holds
+        if not mounted:
+            _failing_write(monkeypatch, OSError(errno.ENOSPC, "No space left on device"), 2346)
+        with pytest.raises(HistoryError, match=r"\[Errno 28\] No space left on device") as caught:
+            append_history(path, big)
+        assert "the file system holding it is full" in str(caught.value)
+        assert "permissions" not in str(caught.value)
+        assert path.read_bytes() == before
+        monkeypatch.undo()
+        append_history(path, night(3))
+        assert [r["run_id"] for r in read_history(path)] == ["night-1", "night-3"]
+        print(f"full disk: {'a 64 KiB tmpfs' if mounted else 'the stand-in (no mount here)'}")
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(disk)], check=True)
+
+
+# --------------------------------------------------------------------------- a torn last line
+
+
+def test_the_next_append_moves_a_torn_last_line_aside_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    append_history(path, night(1))
+    whole = json.dumps(night(2)).encode()
+    with path.open("ab") as handle:
+        handle.write(whole[:2346])  # a writer killed mid-line: no newline
+
+    note = append_history(path, night(3))
+
+    assert note is not None
+    assert note.startswith(f"{path}:2: the last line was cut off (2,346 bytes and no newline")
+    assert f"moved to {path}.torn" in note
+    assert Path(f"{path}.torn").read_bytes() == whole[:2346] + b"\n"
+    assert [r["run_id"] for r in read_history(path)] == [
+        "night-1",
+        "night-3",
+    ]  # strict: no bad line
+    assert append_history(path, night(4)) is None  # nothing left to mend
+
+
+def test_a_whole_record_without_its_newline_only_gets_the_newline(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    path.write_text(json.dumps(night(1)), encoding="utf-8")  # added by hand, no newline
+    note = append_history(path, night(2))
+    assert note == f"{path}:1: the last line had no newline at its end; added before this session's"
+    assert [r["run_id"] for r in read_history(path)] == ["night-1", "night-2"]
+    assert not Path(f"{path}.torn").exists()
+
+
+def test_a_torn_line_that_cannot_be_moved_is_fenced_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "history.jsonl"
+    append_history(path, night(1))
+    with path.open("ab") as handle:
+        handle.write(b'{"schema_version": 1, "tim')
+    Path(f"{path}.torn").mkdir()  # the aside file cannot be opened
+
+    note = append_history(path, night(3))
+
+    assert note is not None
+    assert "it could not be moved to" in note
+    assert "stays as line 2" in note
+    skipped: list[HistoryError] = []
+    assert [r["run_id"] for r in read_history(path, on_bad_line=skipped.append)] == [
+        "night-1",
+        "night-3",
+    ]
+    assert len(skipped) == 1
+    assert str(skipped[0]).startswith(f"{path}:2: not JSON")
+
+
+# --------------------------------------------------------------------------- the session's readers
+
+
+def test_the_sessions_readers_name_each_bad_line_once_and_go_on(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    append_history(path, night(1))
+    with path.open("ab") as handle:
+        handle.write(b"garbage\n")
+    append_history(path, night(3))
+    with path.open("ab") as handle:
+        handle.write(b'{"schema_version": 1, "time_utc": "2026-11-04T0')  # torn, last
+
+    warnings: list[str] = []
+    start_read = read_history(path, on_bad_line=BadLines(warnings))
+    dashboard_read = read_history(path, on_bad_line=BadLines(warnings))  # the same session
+
+    assert [r["run_id"] for r in start_read] == ["night-1", "night-3"]
+    assert dashboard_read == start_read
+    assert len(warnings) == 2  # each line once, however many readers
+    garbage, torn = warnings
+    assert garbage.startswith(f"history line skipped: {path}:2: not JSON")
+    assert torn.startswith(f"history line skipped: {path}:4: the last line has no newline")
+    assert "a crash or a full disk" in torn
+    assert all("--skip-bad-lines" not in w for w in warnings)  # not an option of pytest
+    assert all("fix or delete that line" in w for w in warnings)
+
+
+def test_a_strict_reader_names_the_option_that_skips(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    path.write_bytes(b"garbage\n")
+    with pytest.raises(HistoryError) as caught:
+        read_history(path)
+    assert str(caught.value).startswith(f"{path}:1: not JSON")
+    assert "pass --skip-bad-lines to report it and go on" in str(caught.value)
