@@ -255,6 +255,35 @@ def _forkserver() -> Iterator[Forkserver | None]:
     server.close()
 
 
+def _no_stale_bytecode(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Python file a test writes through pytester never meets bytecode cached for what was
+    there before.
+
+    pytest caches a test module's rewritten bytecode in ``__pycache__`` and trusts it while the
+    source has the size and the whole-second mtime it was compiled from (so does Python's own
+    cache). Tests that write a test file, run pytest, write it again and run again (a kept
+    server, then a session that needs its GPUs: ``"nospec"`` and ``"eagle3"`` are both six
+    characters) can meet both: one such second run ran the first body again. scripts/test lets
+    Python cache bytecode (it unsets PYTHONDONTWRITEBYTECODE), so every write here drops the
+    file's cached bytecode, whatever the clock says."""
+
+    def dropping(write: Any, ext: str | None) -> Any:
+        def written(*args: Any, **kwargs: Any) -> Path:
+            suffix = args[0] if ext is None else ext
+            first: Path = write(*args, **kwargs)
+            if suffix == ".py":  # the files pytester wrote, named as it names them
+                paths = {first, *(pytester.path.joinpath(k).with_suffix(suffix) for k in kwargs)}
+                for path in paths:
+                    for pyc in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
+                        pyc.unlink(missing_ok=True)
+            return first
+
+        return written
+
+    monkeypatch.setattr(pytester, "makepyfile", dropping(pytester.makepyfile, ".py"))
+    monkeypatch.setattr(pytester, "makefile", dropping(pytester.makefile, None))
+
+
 @pytest.fixture
 def pytester(
     pytester: pytest.Pytester,
@@ -262,7 +291,9 @@ def pytester(
     request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
 ) -> pytest.Pytester:
-    """pytester, whose ``runpytest_subprocess`` runs go through the forkserver."""
+    """pytester, whose ``runpytest_subprocess`` runs go through the forkserver, and whose
+    written Python files never meet stale bytecode (:func:`_no_stale_bytecode`)."""
+    _no_stale_bytecode(pytester, monkeypatch)
     if _forkserver is None or request.node.get_closest_marker(FRESH_INTERPRETER) is not None:
         return pytester
     server = _forkserver
