@@ -22,7 +22,6 @@ import pytest
 
 from pytest_specdecode.errors import ConfigError, NotServedHere, SpecdecodeError
 from pytest_specdecode.markers import MARKER_HELP, MarkerSpec
-from pytest_specdecode.outputs.benchmark import check_json_path
 from pytest_specdecode.outputs.json_report import junit_properties
 from pytest_specdecode.profiles.profile import ALGORITHM_MARKERS
 from pytest_specdecode.result import SpecdecodeResult, TestError
@@ -114,7 +113,7 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = _settings(config)
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
     if workerinput is None:
-        _check_benchmark_json(config)
+        _check_outputs(config, settings)
     if workerinput is not None and workerinput.get("specdecode_loadgroup"):
         # The controller schedules by group (see pytest_xdist_make_scheduler), but a worker
         # tags node ids with their xdist_group only under --dist loadgroup; without the tag
@@ -149,24 +148,20 @@ def pytest_configure(config: pytest.Config) -> None:
     start.terminate_gracefully()
 
 
-def _check_benchmark_json(config: pytest.Config) -> None:
-    """A --benchmark-json path that cannot be written is a usage error now, not after the
-    measurements (pytest-benchmark 5.3 checks it only when it writes: benchmark.check_json_path)."""
-    flag = "--benchmark-json"
-    value = config.getoption("benchmark_json", None)
-    if value is None:
-        return
-    args = [str(arg) for arg in config.invocation_params.args]
-    if any(arg == flag or arg.startswith(f"{flag}=") for arg in args):
-        source = f"{flag} on the command line"
-    elif flag in os.environ.get("PYTEST_ADDOPTS", ""):
-        source = f"{flag} in PYTEST_ADDOPTS"
-    elif config.inipath is not None:
-        source = f"{flag} in addopts of {config.inipath}"
-    else:
-        source = flag
+def _check_outputs(config: pytest.Config, settings: Settings) -> None:
+    """Every output path (the plugin's, --junitxml, --benchmark-json) is checked before anything
+    launches (start.check_outputs); a path that cannot be written is a usage error."""
     try:
-        check_json_path(value, base=config.invocation_params.dir, source=source)
+        start.check_outputs(
+            settings,
+            given={o.name for o in OPTIONS if config.getoption(f"specdecode_{o.name}")},
+            env=os.environ,
+            ini_file=str(config.inipath or "the ini file"),
+            junitxml=config.getoption("xmlpath", None),
+            benchmark_json=config.getoption("benchmark_json", None),
+            args=[str(arg) for arg in config.invocation_params.args],
+            base=config.invocation_params.dir,
+        )
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
 
@@ -434,7 +429,7 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, None, None]
     def set_exit_status(status: int) -> None:
         session.exitstatus = pytest.ExitCode(status)
 
-    finish.save_measurements(
+    night = finish.save_measurements(
         sd,
         exit_status=lambda: int(session.exitstatus),
         set_exit_status=set_exit_status,
@@ -452,21 +447,24 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, None, None]
         if isinstance(late, _LateFailures):
             late.report(finish.late_failures(sd.results))
     try:
-        return (yield)
+        yield
     except Exception as exc:
         if sd.is_xdist_worker:
             raise  # its results went up before; the worker's end is xdist's to report
-        _other_plugin_failed(session, sd, exc)
-        return None
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        _other_plugin_failed(session, sd, exc, night.after(3).status if night else 3)
+    if night is not None:  # --specdecode-exit-status nightly: the kind of night's status
+        session.exitstatus = night.after(int(session.exitstatus)).status
 
 
-def _other_plugin_failed(session: pytest.Session, sd: SpecdecodeSession, exc: Exception) -> None:
+def _other_plugin_failed(
+    session: pytest.Session, sd: SpecdecodeSession, exc: Exception, status: int
+) -> None:
     """Another plugin's ``pytest_sessionfinish`` raised: show its traceback as pytest shows
     any plugin's internal error, fail the session, and give the summary it kept from being
     printed, so the user still sees what was measured and written."""
     config = session.config
     config.notify_exception(pytest.ExceptionInfo.from_exception(exc), config.option)
-    session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
     line = finish.other_plugin_failed_line(
         exc,
         distributions=[
@@ -474,6 +472,7 @@ def _other_plugin_failed(session: pytest.Session, sd: SpecdecodeSession, exc: Ex
             for plugin, dist in config.pluginmanager.list_plugin_distinfo()
         ],
         plugins=config.pluginmanager.list_name_plugin(),
+        status=status,
     )
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:

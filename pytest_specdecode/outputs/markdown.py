@@ -1,11 +1,13 @@
 """The session's Markdown summary, for ``$GITHUB_STEP_SUMMARY`` or a file.
 
-GitHub-flavoured Markdown: a heading, a SIMULATED warning when any figure is simulated, the
-outcome counts, the results table with the same columns and wording as the terminal table
-(:func:`pytest_specdecode.outputs.terminal.results_table`), then the failures found after their
-tests had finished (which fail the session), the cause of every test that errored or crashed,
-the verdict paragraphs of every test that failed, was inconclusive, had no baseline or a
-mismatched one, and the warnings of any test.
+GitHub-flavoured Markdown: a heading that says which kind of night it was (the build
+regressed, the box or setup broke, nothing could be judged, or ok: see
+:mod:`pytest_specdecode.session.exit_status`) and why, a SIMULATED warning when any figure is
+simulated, the outcome counts, the results table with the same columns and wording as the
+terminal table (:func:`pytest_specdecode.outputs.terminal.results_table`), then the failures
+found after their tests had finished (which fail the session), the cause of every test that
+errored or crashed, the verdict paragraphs of every test that failed, was inconclusive, had no
+baseline or a mismatched one, and the warnings of any test.
 
 Free text (verdict paragraphs, warnings, table cells) is escaped so that ``*``, ``<`` or a
 ``|`` in a parametrised test id render literally. GitHub refuses step summaries over 1 MiB, so
@@ -96,9 +98,15 @@ def markdown_summary(
     *,
     title: str = "pytest-specdecode",
     max_bytes: int = MAX_SUMMARY_BYTES,
+    night: tuple[str, str] | None = None,
 ) -> str:
-    """The summary as GitHub-flavoured Markdown, ending with a newline."""
-    head = [f"## {escape(title)}", ""]
+    """The summary as GitHub-flavoured Markdown, ending with a newline. ``night``: the kind of
+    night (``REGRESSED: the build regressed (exit status 10)``) and why, for whoever is on
+    call: the kind goes into the first line, the heading, and why under it."""
+    heading = f"{title}: {night[0]}" if night is not None else title
+    head = [f"## {escape(heading)}", ""]
+    if night is not None and night[1]:
+        head += [escape(night[1]), ""]
     if not results:
         return "\n".join([*head, "No specdecode test was measured in this session.", ""])
     if any(r.simulated for r in results):

@@ -3,17 +3,24 @@ the results (the xdist controller, or the only process): the JSON report, the hi
 Markdown summary for people and CI pages, and the dashboard.
 
 One failing output never stops the others: each error is returned as a line for the terminal
-summary, and the caller makes the session fail.
+summary, and the caller makes the session fail. The dashboard reads the history back past a bad
+line (named once in the session's warnings, :class:`~pytest_specdecode.outputs.history.BadLines`),
+so one torn line costs no later night its dashboard.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_specdecode.errors import SpecdecodeError
-from pytest_specdecode.outputs.history import append_history, history_record, read_history
+from pytest_specdecode.outputs.history import (
+    BadLines,
+    append_history,
+    history_record,
+    read_history,
+)
 from pytest_specdecode.outputs.json_report import build_report, write_report
 from pytest_specdecode.outputs.markdown import markdown_summary, write_markdown
 from pytest_specdecode.result import SpecdecodeResult
@@ -26,18 +33,27 @@ def write_outputs(
     settings: Settings,
     session_info: Mapping[str, Any],
     env: Mapping[str, str],
+    night: Callable[[Sequence[str]], tuple[str, str]] | None = None,
+    warnings: list[str] | None = None,
 ) -> tuple[list[str], list[str]]:
-    """Write what the settings ask for; return (lines saying what was written, error lines)."""
+    """Write what the settings ask for; return (lines saying what was written, error lines).
+
+    ``night``: the kind of night and why, given the errors so far, for the Markdown summary's
+    first lines; ``warnings``: the session's, where a history line mended by the append or
+    skipped by the dashboard's reader is named (each once)."""
     written: list[str] = []
     errors: list[str] = []
+    warned = warnings if warnings is not None else []
 
     def attempt(what: str, path: Path, action: Any) -> None:
         try:
-            action()
+            note = action()
         except (OSError, SpecdecodeError, ValueError) as exc:
             errors.append(f"could not write the {what} to {path}: {exc}")
         else:
             written.append(f"{what}: {path}")
+            if isinstance(note, str):
+                warned.append(note)
 
     if settings.report is not None:
         report_path = settings.report
@@ -55,9 +71,11 @@ def write_outputs(
     if settings.html is not None:
         html_dir = settings.html
         attempt(
-            "dashboard", html_dir / "index.html", lambda: _dashboard(record, settings, html_dir)
+            "dashboard",
+            html_dir / "index.html",
+            lambda: _dashboard(record, settings, html_dir, BadLines(warned)),
         )
-    summary = markdown_summary(results)
+    summary = markdown_summary(results, night=night(errors) if night is not None else None)
     step_summary = env.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         attempt(
@@ -75,11 +93,18 @@ def write_outputs(
     return written, errors
 
 
-def _dashboard(record: Mapping[str, Any], settings: Settings, directory: Path) -> None:
-    """The dashboard of the history with tonight appended, or of tonight alone without one."""
+def _dashboard(
+    record: Mapping[str, Any], settings: Settings, directory: Path, bad_lines: BadLines
+) -> None:
+    """The dashboard of the history with tonight appended (past its bad lines), or of tonight
+    alone without one."""
     # imported here: a session that writes no dashboard does not load it
     from pytest_specdecode.outputs.dashboard.site import write_site
 
     path = settings.history
-    records = read_history(path) if path is not None and path.is_file() else [record]
+    records = (
+        read_history(path, on_bad_line=bad_lines)
+        if path is not None and path.is_file()
+        else [record]
+    )
     write_site(records, directory, reference_nights=settings.reference_nights)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_specdecode.settings.values import (
+    EXIT_STATUS_MODES,
     INCONCLUSIVE_POLICIES,
     METHODS,
     MISSING_BASELINE_POLICIES,
@@ -292,6 +293,18 @@ OPTIONS: tuple[Option, ...] = (
         None,
         text_value,
         "DIR",
+    ),
+    Option(
+        "exit_status",
+        "--specdecode-exit-status",
+        "pytest: pytest's own exit statuses. nightly: one per kind of night, for whoever is "
+        "on call: 10 the build regressed (a FAIL, a cross-night alarm), 11 the box or the "
+        "setup is broken (a server that did not start, crashed or hung, a missing baseline, an "
+        "output not written), 12 nothing could be judged (all INCONCLUSIVE), 0 otherwise "
+        "(docs/nightly-ci.md)",
+        "pytest",
+        choice(*EXIT_STATUS_MODES),
+        "pytest|nightly",
     ),
     Option(
         "request_timeout",

@@ -58,6 +58,9 @@ class Settings:
     machine_load: float | str = "measure"
     """``"measure"``, ``"off"``, or a declared load in runnable tasks per CPU
     (:mod:`pytest_specdecode.session.machine_load`)."""
+    exit_status: str = "pytest"
+    """``"pytest"`` (pytest's own exit statuses) or ``"nightly"`` (one per kind of night,
+    :mod:`pytest_specdecode.session.exit_status`)."""
 
 
 DEFAULT_CONFIG = Path("perf_tests/specdecode.toml")

@@ -16,6 +16,9 @@ from pytest_specdecode.redaction import redact_url
 INCONCLUSIVE_POLICIES = ("fail", "warn", "xfail")
 MISSING_BASELINE_POLICIES = ("skip", "fail")
 METHODS = ("welch-log", "bootstrap", "rank")
+EXIT_STATUS_MODES = ("pytest", "nightly")
+"""``--specdecode-exit-status``: pytest's own exit statuses, or one per kind of night
+(:mod:`pytest_specdecode.session.exit_status`)."""
 
 
 def run_count(text: str) -> int:
