@@ -3,8 +3,11 @@
 # ends: the oldest it allows and the newest tested. Each pin set gets its own venv (cached in
 # ~/.cache/pytest-specdecode/compat-*), and runs the tests that depend on pytest's and xdist's
 # internals: grouping a profile's tests onto one worker (tests/e2e/test_lifecycle.py -k xdist,
-# broken by pytest 9.2's structured node ids until the plugin repaired xdist's tag) and the
-# benchmark bridge. Called by scripts/test; prints each pin set's time.
+# broken by pytest 9.2's structured node ids until the plugin repaired xdist's tag), the
+# benchmark bridge, and the nights with --benchmark-json as docs/nightly-ci.md's script gives it
+# (each kind of night's exit status, and a night that measured nothing, which pytest-benchmark
+# would not write; tests/e2e/test_night_kinds_e2e.py, tests/e2e/test_nightly_doc.py). Called by
+# scripts/test; prints each pin set's time.
 #
 # `scripts/test-compat.sh`: the venvs are installed, one after another, then the tests run.
 # `--install` only installs, `--tests` only runs the tests (installing what is missing first).
@@ -24,7 +27,8 @@ cd "$(dirname "$0")/.."
 cache="${SPECDECODE_CACHE:-$HOME/.cache/pytest-specdecode}"
 mkdir -p "$cache"
 lock=scripts/test-requirements.txt
-tests=(tests/e2e/test_lifecycle.py tests/e2e/test_outputs_e2e.py -k "xdist or benchmark")
+tests=(tests/e2e/test_lifecycle.py tests/e2e/test_outputs_e2e.py tests/e2e/test_night_kinds_e2e.py
+  tests/e2e/test_nightly_doc.py -k "xdist or benchmark")
 
 if [ "${1:-}" = "--newest" ]; then
   floating="pytest pytest-xdist pytest-benchmark httpx scipy"
@@ -57,8 +61,8 @@ print(version(sys.argv[1]))' "$name")"
   # --benchmark-json check, the statistics (scipy) and the HTTP client (httpx).
   rc=0
   "$venv/bin/python" -m pytest -q -p no:randomly -p no:cacheprovider -rfE \
-    tests/e2e/test_lifecycle.py tests/e2e/test_outputs_e2e.py \
-    -k "xdist or benchmark or every_output or not e2e" \
+    tests/e2e/test_lifecycle.py tests/e2e/test_outputs_e2e.py tests/e2e/test_night_kinds_e2e.py \
+    tests/e2e/test_nightly_doc.py -k "xdist or benchmark or every_output or not e2e" \
     tests/unit/test_stats.py tests/unit/test_verdict.py tests/unit/test_client.py \
     tests/unit/test_benchmark_json.py tests/unit/test_settings.py >"$log" 2>&1 || rc=$?
   broke="$(sed -n 's/^\(FAILED\|ERROR\) \([^ ]*\).*/\2/p' "$log" | sort -u)"
@@ -112,14 +116,15 @@ install() {
   want="$(pwd) $(cat pyproject.toml "$lock" | sha256sum | cut -c1-16) $spec"
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     # one install at a time: setuptools writes the checkout's egg-info while it builds; the
-    # build backend first, at the lock's versions, then the checkout built with it
+    # build backend first, at the lock's versions, then the checkout built with it (and
+    # matplotlib: the nightly script of docs/nightly-ci.md draws the trend)
     (
       flock 9
       "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
         -c "$constraints" setuptools wheel
       # shellcheck disable=SC2086  # the pins are separate words
       "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-        --no-build-isolation -c "$constraints" -e . jsonschema $spec
+        --no-build-isolation -c "$constraints" -e . jsonschema matplotlib $spec
     ) 9>"$cache/compat-install.lock"
     echo "$want" >"$stamp"
   elif [ "$mode" = --tests ]; then
