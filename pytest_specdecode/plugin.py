@@ -453,7 +453,7 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, None, None]
             raise  # its results went up before; the worker's end is xdist's to report
         session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
         _other_plugin_failed(session, sd, exc, night.after(3).status if night else 3)
-    if night is not None:  # --specdecode-exit-status nightly: the kind of night's status
+    if night is not None and night.nightly:  # --specdecode-exit-status nightly
         session.exitstatus = night.after(int(session.exitstatus)).status
 
 

@@ -280,3 +280,23 @@ def test_an_output_that_cannot_be_written_stops_the_session_before_any_server_la
     assert "launched 1" not in result.stdout.str()
     assert not project.state_dir.exists() or not any(project.state_dir.rglob("*.json"))
     assert project.sim_processes() == []
+
+
+def test_another_plugins_failure_at_the_end_breaks_an_ok_night_and_says_its_status(
+    project: Project,
+) -> None:
+    project.tests(MEASURED)
+    (project.path / "conftest.py").write_text(
+        """
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    raise RuntimeError("a plugin fails at the end of the session")
+"""
+    )
+
+    result = project.run(*RUNS, NIGHTLY)
+
+    assert result.ret == 11  # not pytest's 3: the box or the setup, by the night's table
+    result.stdout.fnmatch_lines(["ERROR: pytest_sessionfinish of *conftest.py* (exit status 11)*"])
