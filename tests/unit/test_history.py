@@ -11,6 +11,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
@@ -503,7 +504,8 @@ def _failing_write(monkeypatch: pytest.MonkeyPatch, error: BaseException, keep: 
             raise error
         return real(fd, data)
 
-    monkeypatch.setattr(history_module.os, "write", write)
+    # the history module's os alone: pytest's own writes meanwhile are left alone
+    monkeypatch.setattr(history_module, "os", SimpleNamespace(**{**vars(os), "write": write}))
 
 
 @pytest.mark.parametrize(
