@@ -18,11 +18,19 @@
 # ~20 s, debootstrap + import ~60 s, wheel + image build ~30 s); everything present, 0.2 s; after a
 # change to the package's sources, ~6 s (the dependency layer is cached).
 #
+# The Debian packages (docker.io, debootstrap) come through scripts/provision-apt.sh, which
+# records what they added to the machine for `scripts/test --clean`.
+#
+#   scripts/provision-docker.sh --stop    stop the engine this script started (the dockerd of its
+#                                         pid file, and the containerd that dockerd started);
+#                                         an engine it did not start is never touched
+#
 # Settings (environment):
 #   DOCKER_HOST                       a remote engine (tcp://, ssh://) is used as it is, never
 #                                     started; unix:///path starts dockerd on that socket
 #   SPECDECODE_DOCKER_DATA_ROOT       dockerd's --data-root   (/var/lib/docker-specdecode)
 #   SPECDECODE_DOCKERD_LOG            dockerd's log file      (/var/log/dockerd-specdecode.log)
+#   SPECDECODE_DOCKER_PIDFILE         dockerd's pid file      (/var/run/dockerd-specdecode.pid)
 #   SPECDECODE_SIM_IMAGE              the test image's tag    (pytest-specdecode-sim:local)
 #   SPECDECODE_BASE_IMAGE             the base image's tag    (local/debian-py:bookworm)
 #   SPECDECODE_DEBIAN_MIRROR          debootstrap's mirror    (http://deb.debian.org/debian)
@@ -34,7 +42,7 @@ IMAGE="${SPECDECODE_SIM_IMAGE:-pytest-specdecode-sim:local}"
 BASE_IMAGE="${SPECDECODE_BASE_IMAGE:-local/debian-py:bookworm}"
 DATA_ROOT="${SPECDECODE_DOCKER_DATA_ROOT:-/var/lib/docker-specdecode}"
 DOCKERD_LOG="${SPECDECODE_DOCKERD_LOG:-/var/log/dockerd-specdecode.log}"
-DOCKERD_PIDFILE="/var/run/dockerd-specdecode.pid"
+DOCKERD_PIDFILE="${SPECDECODE_DOCKER_PIDFILE:-/var/run/dockerd-specdecode.pid}"
 MIRROR="${SPECDECODE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 FORCE="${SPECDECODE_PROVISION_FORCE:-0}"
 # What the base image holds; part of its label, so changing the list rebuilds it.
@@ -47,6 +55,40 @@ START_NS=$(date +%s%N)
 elapsed() { echo "$(( ($(date +%s%N) - START_NS) / 1000000 ))" | awk '{printf "%.1f", $1 / 1000}'; }
 say() { printf '[provision-docker %6ss] %s\n' "$(elapsed)" "$*"; }
 die() { say "ERROR: $*" >&2; exit 1; }
+
+# The dockerd of the pid file, if that process is alive and is a dockerd (a pid file left by a
+# killed engine may name a pid the kernel gave to someone else since).
+our_dockerd() {
+    local pid
+    [ -f "$DOCKERD_PIDFILE" ] || return 1
+    pid="$(cat "$DOCKERD_PIDFILE" 2>/dev/null || true)"
+    [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "--pidfile $DOCKERD_PIDFILE" || return 1
+    echo "$pid"
+}
+
+if [ "${1:-}" = "--stop" ]; then
+    if ! pid="$(our_dockerd)"; then
+        say "no engine of this script runs (no live dockerd in $DOCKERD_PIDFILE): nothing to stop"
+        exit 0
+    fi
+    # The containerd it started itself (when no system containerd ran), to wait for it too.
+    children="$(ps -o pid= --ppid "$pid" 2>/dev/null | tr -s ' \n' ' ' || true)"
+    say "stopping engine A (dockerd pid $pid): SIGTERM, SIGKILL after 60 s"
+    kill -TERM "$pid"
+    for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then
+        say "dockerd $pid still runs after 60 s: SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    for child in $children; do
+        for _ in $(seq 1 50); do kill -0 "$child" 2>/dev/null || break; sleep 0.2; done
+        kill -0 "$child" 2>/dev/null && kill -KILL "$child" 2>/dev/null || true
+    done
+    rm -f "$DOCKERD_PIDFILE"
+    say "engine A stopped"
+    exit 0
+fi
 
 WORK="$(mktemp -d /var/tmp/provision-docker.XXXXXX)"
 cleanup() { rm -rf "$WORK"; }
@@ -74,15 +116,12 @@ start_dockerd() {
     if ! command -v dockerd >/dev/null 2>&1 && [ ! -x /usr/sbin/dockerd ]; then
         say "no dockerd: apt-get install docker.io"
         local t0=$SECONDS
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
         # The postinst says "policy-rc.d denied execution of start": expected, no systemd here.
-        apt-get install -y -qq docker.io >"$WORK/apt-docker.log" 2>&1 \
-            || { tail -n 30 "$WORK/apt-docker.log" >&2; die "apt-get install docker.io failed"; }
+        bash "$REPO/scripts/provision-apt.sh" docker.io || die "apt-get install docker.io failed"
         say "installed docker.io in $((SECONDS - t0)) s"
     fi
-    if [ -f "$DOCKERD_PIDFILE" ] && kill -0 "$(cat "$DOCKERD_PIDFILE")" 2>/dev/null; then
-        say "dockerd (pid $(cat "$DOCKERD_PIDFILE")) is running but not answering yet; waiting for it"
+    if our_dockerd >/dev/null; then
+        say "dockerd (pid $(our_dockerd)) is running but not answering yet; waiting for it"
     else
         rm -f "$DOCKERD_PIDFILE"
         mkdir -p "$DATA_ROOT" "$(dirname "$DOCKERD_LOG")" "$(dirname "$sock")"
@@ -128,10 +167,7 @@ if [ "$FORCE" != 1 ] && [ "$(label_of "$BASE_IMAGE" "$RECIPE_LABEL")" = "$BASE_R
 else
     if ! command -v debootstrap >/dev/null 2>&1; then
         say "apt-get install debootstrap"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get install -y -qq debootstrap >"$WORK/apt-debootstrap.log" 2>&1 || {
-            apt-get update -qq && apt-get install -y -qq debootstrap >"$WORK/apt-debootstrap.log" 2>&1
-        } || { tail -n 30 "$WORK/apt-debootstrap.log" >&2; die "apt-get install debootstrap failed"; }
+        bash "$REPO/scripts/provision-apt.sh" debootstrap || die "apt-get install debootstrap failed"
     fi
     say "building $BASE_IMAGE: $BASE_RECIPE from $MIRROR (about 1-2 minutes)"
     t0=$SECONDS

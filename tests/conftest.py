@@ -168,6 +168,7 @@ BESIDE_THE_QUIET_TESTS = (
     "tests/e2e/test_verdicts_marker.py",
     "tests/e2e/test_cli_surface.py",
     "tests/e2e/test_warnings_e2e.py",
+    "tests/e2e/test_scripts_test_env.py",  # mostly waits on pip's index, claims no speed
 )
 PATHS_OF_PHASE = {"waiting": WAITING_TESTS, "beside": BESIDE_THE_QUIET_TESTS}
 
