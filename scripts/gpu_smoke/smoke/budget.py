@@ -64,7 +64,7 @@ PRIOR = Costs(launch_s=100.0, preflight_s=25.0, first_extra_s=80.0, warm_ready_s
 DRY_PRIOR = Costs(launch_s=30.0, preflight_s=0.0, first_extra_s=0.0, warm_ready_s=5.0,
                   basis="prior: the simulated server")  # fmt: skip
 ATTACH_EXTRA_S = 30.0  # attach runs two pytest sessions against its one server
-PROBE_S = 40.0  # the bandwidth probe: torch's import and a 4 GiB copy, ten times
+PROBE_S = 15.0  # the bandwidth probe: torch's import and a 4 GiB copy, ten times (3 s, H100)
 
 
 def estimate(sessions: Iterable[Session], prior: Costs) -> Costs:

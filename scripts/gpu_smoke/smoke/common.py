@@ -98,7 +98,7 @@ def card() -> str:
 
     override = os.environ.get("PYTEST_SPECDECODE_HARDWARE_KEY") or None
     gpus = None if DRY_RUN else detect_gpus()
-    return hardware_key(gpus, simulated=DRY_RUN, override=override)
+    return str(hardware_key(gpus, simulated=DRY_RUN, override=override))
 
 
 def card_dir(key: str | None = None) -> Path:

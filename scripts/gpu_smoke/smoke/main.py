@@ -13,7 +13,18 @@ from pathlib import Path
 
 from smoke import budget, phases, spread, state, suite
 from smoke import table as tables
-from smoke.common import DRY_RUN, INCOMPLETE, OUT, STATE, card, log, seconds_left
+from smoke.common import (
+    DRY_RUN,
+    INCOMPLETE,
+    OUT,
+    PROFILE_TESTS,
+    STATE,
+    baseline_launches,
+    card,
+    load,
+    log,
+    seconds_left,
+)  # fmt: skip
 
 DEFAULT = ["record", "check", "attach", "noise-summary", "table"]
 KNOWN = (
@@ -27,8 +38,8 @@ def phase_cost(phase: str, first: bool) -> tuple[float, str]:
     the first on this machine."""
     c = phases.costs()
     if phase in ("record", "check"):
-        todo = [p for p in phases.PROFILE_TESTS if not phases.unit_done(phase, p)]
-        launches = phases.baseline_launches() if phase == "record" else 1
+        todo = [p for p in PROFILE_TESTS if not phases.unit_done(phase, p)]
+        launches = baseline_launches() if phase == "record" else 1
         need = sum(
             c.unit(launches, preflight=phase == "record", first_on_boot=first and i == 0)
             for i in range(len(todo))
@@ -38,11 +49,11 @@ def phase_cost(phase: str, first: bool) -> tuple[float, str]:
             what += ", SGLang's preflight skipped (record ran it)" if todo else ""
         return need, what
     if phase == "attach":
-        done = (phases.load("attach") or {}).get("passed")
+        done = (load("attach") or {}).get("passed")
         cost = c.unit(1, preflight=False, first_on_boot=first) + budget.ATTACH_EXTRA_S
         return (0.0, "done") if done else (cost, "1 server by hand, 2 pytest sessions")
     if phase == "noise-summary":
-        done = phases.load("noise-probe") is not None
+        done = load("noise-probe") is not None
         return (0.0, "done") if done else (budget.PROBE_S, "the copy probe; no launch")
     if phase == "noise":
         need, batches = phases.noise_cost()

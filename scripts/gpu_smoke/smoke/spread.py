@@ -14,6 +14,7 @@ import re
 import shutil
 import statistics
 from pathlib import Path
+from typing import Any
 
 from smoke.common import (
     STATE,
@@ -90,10 +91,10 @@ SEED_NCCL = {
 }
 
 
-def env_dumps(directory: Path) -> dict[str, dict]:
+def env_dumps(directory: Path) -> dict[str, dict[str, Any]]:
     """profile -> what its servers' processes had: the variables by process, and the verdict
     on them (every process has exactly the profile's NCCL values; none from the shell)."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for path in sorted(directory.glob("*.json")):
         if path.name == "nccl-debug-lines.json":
             continue
@@ -129,10 +130,10 @@ def env_dumps(directory: Path) -> dict[str, dict]:
     return out
 
 
-def launch_spread(baselines: Path) -> dict[str, dict]:
+def launch_spread(baselines: Path) -> dict[str, dict[str, Any]]:
     """profile -> tok/s per launch of its baseline: mean and run CV of each launch, and the
     launch-to-launch CV of the launch means (corrected for their own run noise)."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for path in sorted(baselines.rglob("*.json")):
         data = json.loads(path.read_text())
         values = [float(v) for v in data["samples"]["tok_s"]]
@@ -208,7 +209,7 @@ CHECK_KEYS = ("metric", "reference", "verdict", "ratio", "ci_low", "ci_high", "l
               "launch_cv", "problem")  # fmt: skip
 
 
-def check_text(c: dict) -> str:
+def check_text(c: dict[str, Any]) -> str:
     text = f"{c['metric']} vs {c['reference'] or 'own'}: {c['verdict'] or c['problem']}"
     if c.get("ratio"):
         text += f" {c['ratio']:.3f} [{c['ci_low']:.3f}, {c['ci_high']:.3f}]"
@@ -217,8 +218,8 @@ def check_text(c: dict) -> str:
     return text
 
 
-def report_rows_by_test(report: Path) -> dict[str, dict]:
-    rows: dict[str, dict] = {}
+def report_rows_by_test(report: Path) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
     if not report.exists():
         return rows
     for t in json.loads(report.read_text()).get("tests", []):
@@ -236,7 +237,7 @@ def report_rows_by_test(report: Path) -> dict[str, dict]:
     return rows
 
 
-def spread_table(res: dict[str, dict]) -> list[str]:
+def spread_table(res: dict[str, dict[str, Any]]) -> list[str]:
     rec, chk, swap = (res.get(f"spread-{n}") for n in ("record", "check", "swap"))
     if not rec and not chk:
         return []

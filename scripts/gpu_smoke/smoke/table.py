@@ -9,6 +9,7 @@ folders of several calls or machines (no GPU).
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,10 @@ def contract_noise(res: dict[str, Any], key: str) -> dict[str, Any] | None:
 
 def phase_table(dirs: list[Path], guard: str | None = None) -> int:
     key = card() if not dirs else ", ".join(sorted({d.parent.name for d in dirs}))
+    info = MODELS / f"models-{RIG['prefix']}.json"
+    if not dirs and info.exists() and results_dir().exists():
+        # the rig's facts (bytes a decode step reads) travel with the results, not the models
+        shutil.copy(info, results_dir() / info.name)
     res = load_results(dirs or [results_dir()])
     text = table(res, key, guard)
     print(text)
