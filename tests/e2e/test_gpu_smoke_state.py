@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -49,10 +50,18 @@ budget = _module("budget")
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A free port SGLang 0.5.15 takes: it refuses a port whose derived gRPC port (port +
+    10000) is above 65535, and so does the simulated server of that release."""
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(20000, 50000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-50000")
 
 
 def _call(tmp: Path, name: str, *phases: str, **env: str) -> tuple[int, str, Path]:
