@@ -43,6 +43,7 @@ import math
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from numpy.typing import NDArray
@@ -170,6 +171,13 @@ class Comparison:
         return " ".join([text, *(f"Warning: {warning}." for warning in self.warnings)])
 
 
+@lru_cache(maxsize=16)
+def _baseline_summary(values: tuple[float, ...]) -> SampleSummary:
+    """The stored baseline's summary: the same at every look of every check of a test (and a
+    frozen value), so computed once."""
+    return summarize(values)
+
+
 def compare(
     current: Sequence[float],
     baseline: Sequence[float],
@@ -247,7 +255,7 @@ def compare(
     warnings = list(interval.notes)
     if warn_single_launch and not two_levels and cur.size > 1 and base.size > 1:
         warnings.extend(levels.notes)
-    elif two_levels and prior is not None and prior.stated:
+    elif two_levels and prior is not None and (prior.stated or prior.stated_prior is not None):
         warnings.extend(levels.notes)  # the stated prior's source, or why it was not used
     no_change_high = None
     if code == -1 and margin < 0 and alpha_no_change is not None:
@@ -285,7 +293,7 @@ def compare(
         margin=margin,
         alpha=alpha,
         current=summarize(cur.tolist()),
-        baseline=summarize(base.tolist()),
+        baseline=_baseline_summary(tuple(base.tolist())),
         ratio=math.exp(interval.estimate),
         ci_low=math.exp(interval.low),
         ci_high=math.exp(interval.high),

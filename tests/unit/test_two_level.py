@@ -15,6 +15,7 @@ from pytest_specdecode.stats.two_level import (
     HISTORY_GUARD_FACTOR,
     HISTORY_GUARD_NIGHTS,
     LaunchPrior,
+    bridged,
     guard_alpha,
     prior_for,
     prior_from_history,
@@ -294,6 +295,42 @@ def test_the_stated_prior_is_named_in_the_verdict_and_dropped_when_the_launches_
     assert any("was not used" in w for w in dropped.warnings)
     assert dropped.df is not None
     assert dropped.df <= 2.0 + 1e-9
+
+
+def test_the_stated_prior_bridges_the_first_ten_nights_of_history() -> None:
+    stated = stated_prior(where="test")
+    assert bridged(None, stated) is stated
+    short = LaunchPrior(variance=0.0026, df=1.3, nights=3, runs=10.0)
+    pooled = bridged(short, stated)
+    assert pooled.stated_prior is stated  # pooled, not replaced
+    assert not pooled.stated  # the history's nights count for the guard
+    long = LaunchPrior(variance=0.0026, df=6.0, nights=HISTORY_GUARD_NIGHTS, runs=10.0)
+    assert bridged(long, stated) is long
+
+
+def test_the_seeds_29_percent_fails_on_the_fourth_night_after_a_first_baseline() -> None:
+    """The fourth night after a box's first baseline, three nights of history: the stated
+    prior is pooled with them, so the guard's bound of a measured 0.67 is nowhere near the
+    "upper bound 1.529" it had when three nights replaced the prior (issue 44)."""
+    rng = np.random.default_rng(RNG_SEED + 7)
+    baseline = launches(rng, 3, 60, launch_cv=0.05, run_cv=0.03)
+    nights = [float(np.mean(launches(rng, 1, 10, launch_cv=0.05, run_cv=0.03)))
+              for _ in range(3)]  # fmt: skip
+    history = prior_from_history([math.log(v) for v in nights], [10.0] * 3)
+    assert history is not None
+    assert history.df < 2  # what three nights alone give
+    current = [v * 0.669 / np.mean(baseline) * 100 for v in
+               launches(rng, 1, 10, launch_cv=0.0, run_cv=0.03)]  # fmt: skip
+    alone = compare(current, baseline, margin=-0.02, alpha=0.0386, launch_runs=[60] * 3,
+                    prior=history, alpha_no_change=0.0066)  # fmt: skip
+    pooled = compare(current, baseline, margin=-0.02, alpha=0.0386, launch_runs=[60] * 3,
+                     prior=bridged(history, stated_prior(where="test")),
+                     alpha_no_change=0.0066)  # fmt: skip
+    assert alone.df is not None
+    assert pooled.df is not None
+    assert pooled.df > alone.df + 5
+    assert pooled.verdict is Verdict.FAIL
+    assert any("3 nights of history is pooled with a stated prior" in w for w in pooled.warnings)
 
 
 def test_stated_prior_rejects_nonsense_and_has_no_run_noise_to_subtract() -> None:
