@@ -61,7 +61,6 @@ case "${1:-}" in
     ;;
 esac
 
-mkdir -p "$state"
 missing=()
 for package in "$@"; do
   dpkg-query -W -f='${db:Status-Abbrev}' "$package" 2>/dev/null | grep -q '^ii' \
@@ -71,6 +70,7 @@ done
 command -v apt-get >/dev/null 2>&1 || { say "no apt-get here to install ${missing[*]}"; exit 1; }
 
 # One install of ours at a time, so that what it adds is told apart from the next one's.
+mkdir -p "$state"
 exec 9>"$state/apt.lock"
 flock -w 900 9 || { say "another provision-apt.sh held $state/apt.lock for 900 s"; exit 1; }
 before="$(mktemp)"
