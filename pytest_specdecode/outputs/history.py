@@ -128,6 +128,9 @@ def _test_record(result: SpecdecodeResult) -> dict[str, Any]:
         "server_version": result.server_version,
         "build": result.provenance.get("build"),
         "runs": result.runs,
+        # the runs of each server launch, in order: a baseline recorded over several launches
+        # gives the cross-night detector its first points of the new level (stats/crossnight)
+        "launch_runs": list(result.launch_runs),
         "metrics": metrics,
         # each run's value (5 significant digits), for the dashboard's run-level view
         "samples": {

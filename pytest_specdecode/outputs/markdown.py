@@ -7,7 +7,9 @@ simulated, the outcome counts, the results table with the same columns and wordi
 terminal table (:func:`pytest_specdecode.outputs.terminal.results_table`), then the failures
 found after their tests had finished (which fail the session), the cause of every test that
 errored or crashed, the verdict paragraphs of every test that failed, was inconclusive, had no
-baseline or a mismatched one, and the warnings of any test.
+baseline or a mismatched one, what the cross-night detector sees of each series (its state,
+the nights since the last acknowledged change, the drops it would flag from tonight), and the
+warnings of any test.
 
 Free text (verdict paragraphs, warnings, table cells) is escaped so that ``*``, ``<`` or a
 ``|`` in a parametrised test id render literally. GitHub refuses step summaries over 1 MiB, so
@@ -93,6 +95,35 @@ def _warnings(result: SpecdecodeResult) -> list[str]:
     return [f"- {head}: {escape(' '.join(w.split()))}" for w in result.warnings]
 
 
+def _across_nights(result: SpecdecodeResult) -> list[str]:
+    """One line per series of the cross-night detector: its state, the nights since the last
+    acknowledged change and what it would flag from tonight (docs/statistics.md)."""
+    lines = []
+    head = f"{code(short_id(result.test_id))} ({escape(result.profile)})"
+    for metric, state in result.crossnight.items():
+        if not isinstance(state, dict):
+            continue
+        status = str(state.get("status"))
+        if state.get("direction"):
+            shift = state.get("shift")
+            status += f", {state['direction']}" + (
+                f" of {shift:+.1%}" if isinstance(shift, int | float) else ""
+            )
+        since = state.get("opened_by") or "the start of the history"
+        text = f"{status}; night {state.get('nights')} since {since}"
+        seen = state.get("horizon") or {}
+        within = seen.get("within") if isinstance(seen, dict) else None
+        if isinstance(within, dict) and within:
+            drops = ", ".join(
+                f"{drop:.1%} within {nights} nights" if isinstance(drop, float) else
+                f"none within {nights}"
+                for nights, drop in within.items()
+            )  # fmt: skip
+            text += f"; flags with {seen.get('power', 0.9):.0%}: {drops}"
+        lines.append(f"- {head}, {code(metric)}: {escape(text)}")
+    return lines
+
+
 def markdown_summary(
     results: Sequence[SpecdecodeResult],
     *,
@@ -149,6 +180,9 @@ def markdown_summary(
     if notable:
         sections.append(["### Failed, inconclusive or not compared", ""])
         sections.extend(_detail(r) for r in notable)
+    watched = [line for r in results for line in _across_nights(r)]
+    if watched:
+        sections.append(["### Across nights", "", *watched, ""])
     warned = [line for r in results for line in _warnings(r)]
     if warned:
         sections.append(["### Warnings", "", *warned, ""])

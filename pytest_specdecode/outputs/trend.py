@@ -25,7 +25,7 @@ the table with their sessions.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -34,13 +34,8 @@ from tabulate import tabulate
 from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.outputs.json_report import parse_iso
 from pytest_specdecode.outputs.terminal import SIMULATED_BANNER, shorten
-from pytest_specdecode.stats.crossnight import (
-    CrossNightState,
-    DetectorConfig,
-    Night,
-    detect,
-    series_from_history,
-)
+from pytest_specdecode.stats.crossnight import CrossNightState, DetectorConfig, Night, detect
+from pytest_specdecode.stats.night_series import series_from_history
 
 DETECTED = ("tok_s", "accept_length")
 """The series the trend runs the cross-night detector on (the session also watches every metric
@@ -144,7 +139,7 @@ class Detection:
         """The table's cell: the statistic against its threshold, or why there is none."""
         s = self.state
         if s.status == "warming up":
-            return f"{self.metric} warming up ({s.nights}/{s.reference_nights})"
+            return f"{self.metric} not judged yet ({s.nights} night{'s' if s.nights != 1 else ''})"
         head = f"{self.metric} {s.statistic:.1f}/{s.h or 0:.1f}"
         if s.direction is None:
             return head
@@ -309,11 +304,39 @@ def _flags(
     return tuple(flags), tuple(watch)
 
 
+def recorded_config(
+    ordered: Sequence[Mapping[str, Any]], test: Mapping[str, Any], metric: str
+) -> DetectorConfig:
+    """The detector's settings as the series' latest judged night recorded them (its
+    ``crossnight`` state's ``config``; lines written before it existed keep only the reference
+    length), so that the trend table and the dashboard judge with what the sessions used, not
+    with a command's defaults; the defaults where no night recorded any."""
+    info = METRICS.get(metric)
+    config = DetectorConfig(higher_is_better=info.higher_is_better if info is not None else True)
+    series = _series_key(test)
+    for record in reversed(ordered):
+        for entry in record.get("tests") or ():
+            if not isinstance(entry, Mapping) or _series_key(entry) != series:
+                continue
+            state = (entry.get("crossnight") or {}).get(metric)
+            if isinstance(state, Mapping):
+                recorded = state.get("config")
+                if not isinstance(recorded, Mapping):
+                    recorded = {"reference_nights": state.get("reference_nights")}
+                return config.with_recorded(recorded)
+    return config
+
+
+def _series_key(test: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(test.get(k) for k in ("test_id", "hardware_key", "fingerprint", "workload_hash"))
+
+
 def _detections(
-    ordered: Sequence[Mapping[str, Any]], test: Mapping[str, Any], reference_nights: int
+    ordered: Sequence[Mapping[str, Any]], test: Mapping[str, Any], reference_nights: int | None
 ) -> tuple[Detection, ...]:
     """The detector over the history of ``test`` (its latest line's test id, hardware key,
-    fingerprint and workload: a new configuration is a new series) for each metric it has."""
+    fingerprint and workload: a new configuration is a new series) for each metric it has,
+    with the settings its nights recorded (``reference_nights`` overrides theirs)."""
     out = []
     for metric in DETECTED:
         if metric not in (test.get("metrics") or {}):
@@ -326,21 +349,23 @@ def _detections(
             workload_hash=str(test.get("workload_hash")),
             metric=metric,
         )
-        info = METRICS.get(metric)
-        config = DetectorConfig(
-            reference_nights=reference_nights,
-            higher_is_better=info.higher_is_better if info is not None else True,
-        )
+        config = recorded_config(ordered, test, metric)
+        if reference_nights is not None:
+            config = replace(config, reference_nights=reference_nights)
         out.append(Detection(metric, detect(nights, config), tuple(nights)))
     return tuple(out)
 
 
 def trend(
-    records: Iterable[Mapping[str, Any]], *, persist: int = 2, reference_nights: int = 90
+    records: Iterable[Mapping[str, Any]],
+    *,
+    persist: int = 2,
+    reference_nights: int | None = None,
 ) -> TrendTable:
     """Rows per (test, profile, hardware key) with flags where a change persisted for
     ``persist`` consecutive judged sessions (see the module docstring), and the cross-night
-    detector's state over ``reference_nights`` reference nights."""
+    detector's state with the settings the sessions recorded (``reference_nights``: instead of
+    theirs)."""
     if isinstance(persist, bool) or not isinstance(persist, int) or persist < 1:
         raise ValueError(f"persist={persist!r}: it must be a whole number of sessions, 1 or more")
     ordered = sorted(records, key=lambda r: parse_iso(r["time_utc"]))
@@ -362,7 +387,7 @@ def trend(
     return TrendTable(
         rows=tuple(rows),
         persist=persist,
-        sessions=len(ordered),
+        sessions=sum(1 for r in ordered if not r.get("acknowledgements")),
         simulated=any(r.simulated for r in rows),
         hardware_keys=tuple(sorted({r.hardware_key for r in rows})),
         errored_sessions=sum(
@@ -377,10 +402,14 @@ def select(
     profiles: Sequence[str] = (),
     last: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The ``last`` sessions (by time) of ``records``, keeping only tests of ``profiles``."""
+    """The ``last`` sessions (by time) of ``records``, keeping only tests of ``profiles``; the
+    ``acknowledge`` lines among them are kept (they are not sessions and do not count)."""
     ordered = sorted(records, key=lambda r: parse_iso(r["time_utc"]))
     if last is not None:
-        ordered = ordered[-last:] if last > 0 else []
+        sessions = [r for r in ordered if not r.get("acknowledgements")]
+        kept = sessions[-last:] if last > 0 else []
+        first = parse_iso(kept[0]["time_utc"]) if kept else None
+        ordered = [r for r in ordered if any(r is k for k in kept) or _acknowledged_after(r, first)]
     out = []
     for record in ordered:
         copy = dict(record)
@@ -388,6 +417,13 @@ def select(
             copy["tests"] = [t for t in record.get("tests", []) if t["profile"] in profiles]
         out.append(copy)
     return out
+
+
+def _acknowledged_after(record: Mapping[str, Any], first: datetime | None) -> bool:
+    """An ``acknowledge`` line at or after ``first`` (the first session kept)."""
+    if not record.get("acknowledgements") or first is None:
+        return False
+    return parse_iso(record["time_utc"]) >= first
 
 
 # --------------------------------------------------------------------------- table
@@ -445,7 +481,7 @@ def format_table(table: TrendTable, *, recent: int = 14) -> list[str]:
         rows.append(cells)
     headers = ["test", "profile", *(["hardware"] if show_hw else [])]
     headers += ["sessions", "recent", "tok/s latest", "vs baseline", "accept len"]
-    headers += ["across nights (CUSUM/h)", "status"]
+    headers += ["across nights (scan/h)", "status"]
     lines = []
     if table.simulated:
         lines.append(SIMULATED_BANNER)

@@ -67,7 +67,7 @@ def plot_trend(
     size: tuple[int, int] = DEFAULT_SIZE,
     persist: int = 2,
     title: str = "pytest-specdecode trend",
-    reference_nights: int = 90,
+    reference_nights: int | None = None,
 ) -> Path:
     """Draw the trend of ``records`` (history lines) to the PNG ``path``, ``size`` pixels
     (width, height), atomically; returns ``path``."""
@@ -82,7 +82,7 @@ def trend_figure(
     size: tuple[int, int] = DEFAULT_SIZE,
     persist: int = 2,
     title: str = "pytest-specdecode trend",
-    reference_nights: int = 90,
+    reference_nights: int | None = None,
 ) -> Figure:
     """The picture :func:`plot_trend` draws, as a matplotlib ``Figure`` on an Agg canvas,
     not saved."""
@@ -95,7 +95,7 @@ def _figure(
     persist: int,
     title: str,
     target: str,
-    reference_nights: int = 90,
+    reference_nights: int | None = None,
 ) -> Figure:
     width, height = _check_size(size)
     table = trend(records, persist=persist, reference_nights=reference_nights)

@@ -4,17 +4,16 @@ A nightly job has one launch per profile, so one night cannot prove a 5-10 % dro
 (docs/statistics.md, "Across nights"). After a test's verdict, each of its series (tok/s,
 accept length, and every metric the marker puts a margin on against the test's own baseline) is
 read from the history (:func:`~pytest_specdecode.stats.crossnight.series_from_history`), tonight's
-launch mean is added as the newest night, and the CUSUM of
+launch mean is added as the newest night, and the change scan of
 :mod:`pytest_specdecode.stats.crossnight` gives its state. A regression alarm fails the test,
 with the size of the change, the night it is estimated to have started and what changed that
 night (:func:`what_changed`: the SGLang version and build, the driver, the test repository's
 commit, the plugin). The state of every series goes into the result, so the history line of
 tonight carries it: the detector's state lives with the history and is recomputed from it.
 
-What a night can see (:func:`night_sensitivity`) is printed with the verdict once the history
-gives the test's launch noise: the smallest drop tonight's gate FAILs the same night, the
-smallest the detector flags within 7 and 28 nights, and the launches a night that a 5 % drop
-within 14 nights would need.
+What the detector can see from tonight (:func:`night_sensitivity`) is printed with the verdict
+from the first night after a baseline: how many nights since the last acknowledged change, and
+the drops it would flag within 7, 14 and 28 nights, from its own calibration.
 """
 
 from __future__ import annotations
@@ -22,27 +21,19 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_specdecode.metrics import METRICS
-from pytest_specdecode.stats.crossnight import (
-    CrossNightState,
-    DetectorConfig,
-    Night,
-    detect,
-    sensitivity,
-    series_from_history,
-)
-from pytest_specdecode.stats.two_level import prior_for
+from pytest_specdecode.stats.crossnight import CrossNightState, DetectorConfig, Night, detect
+from pytest_specdecode.stats.horizon import Horizon, horizon
+from pytest_specdecode.stats.night_series import series_from_history
+from pytest_specdecode.stats.two_level import STATED_LAUNCH_CV, STATED_PRIOR_DF, TIMING_METRICS
 from pytest_specdecode.verdict import Threshold
 
 WATCHED = ("tok_s", "accept_length")
 """Series watched for every test that measures them, margin or not: the two figures the
 plugin exists for."""
-
-TARGET = (0.05, 14)
-"""The detection target the printed "launches a night" answers: a 5 % drop within 14 nights."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +58,8 @@ class SeriesState:
     changed: tuple[
         str, ...
     ]  # what differs between the estimated first changed night and the one before
+    config: DetectorConfig = field(default_factory=DetectorConfig)
+    seen: Horizon | None = None  # what it would flag from tonight on
 
     def to_json(self) -> dict[str, Any]:
         s = self.state
@@ -82,9 +75,14 @@ class SeriesState:
             "k": s.k,
             "reference_nights": s.reference_nights,
             "nights": s.nights,
-            "monitored": s.monitored,
+            "launches": s.launches,
+            "opened_by": s.opened_by,
             "level": s.level,
             "night_sd": s.sigma,
+            "night_sd_df": s.sigma_df,
+            "night_sd_source": s.sigma_source,
+            "config": self.config.to_json(),
+            "horizon": self.seen.to_json() if self.seen is not None else None,
             "shift": s.shift,
             "shift_low": s.shift_low,
             "shift_high": s.shift_high,
@@ -132,8 +130,12 @@ def cross_night(
     thresholds: Sequence[Threshold],
     *,
     reference_nights: int,
+    launches_vary: bool = True,
 ) -> list[SeriesState]:
-    """The detector's state of each of the test's series after tonight (module docstring)."""
+    """The detector's state of each of the test's series after tonight (module docstring).
+    ``launches_vary``: the server's launches vary (a real server, or the simulated one with a
+    launch CV), so that a speed's noise has the gate's stated prior where nothing earlier
+    gives it."""
     out = []
     for metric in watched_metrics(samples, thresholds):
         info = METRICS.get(metric)
@@ -146,15 +148,18 @@ def cross_night(
             metric=metric,
         )
         nights.append(tonight_night(samples[metric], tonight))
+        stated = launches_vary and metric in TIMING_METRICS
         config = DetectorConfig(
             reference_nights=reference_nights,
             higher_is_better=info.higher_is_better if info is not None else True,
+            stated_launch_cv=STATED_LAUNCH_CV if stated else None,
+            stated_df=STATED_PRIOR_DF,
         )
         state = detect(nights, config)
         changed: tuple[str, ...] = ()
         if state.start_index is not None:
             changed = tuple(what_changed(history, tonight, nights, state.start_index))
-        out.append(SeriesState(metric, state, tuple(nights), changed))
+        out.append(SeriesState(metric, state, tuple(nights), changed, config, horizon(state)))
     return out
 
 
@@ -166,8 +171,9 @@ def alarm_message(states: Sequence[SeriesState]) -> str | None:
     lines = ["cross-night alarm: a persistent drop across nights (docs/statistics.md)"]
     lines += [f"  {s.describe()}" for s in alarms]
     lines.append(
-        "  acknowledge an intended change by recording new baselines (--update-baselines); the "
-        "detector then starts a new reference"
+        "  acknowledge an intended change without a launch (python -m pytest_specdecode "
+        "acknowledge HISTORY --test TEST --by WHO --why WHY), or record new baselines "
+        "(--update-baselines): the detector then starts a new level"
     )
     return "\n".join(lines)
 
@@ -238,49 +244,18 @@ def what_changed(
 # --------------------------------------------------------------------------- what a night sees
 
 
-def night_sensitivity(
-    history: Sequence[Mapping[str, Any]],
-    tonight: Tonight,
-    values: Sequence[float],
-    *,
-    reference_nights: int,
-) -> str | None:
-    """What tonight and the detector can catch for tok/s at this test's measured noise, or None
-    while the history is too short to measure the launch noise."""
-    prior = prior_for(
-        history,
-        test_id=tonight.test_id,
-        hardware_key=tonight.hardware_key,
-        fingerprint=tonight.fingerprint,
-        workload_hash=tonight.workload_hash,
-        metric="tok_s",
-    )
-    positive = [math.log(v) for v in values if v > 0]
-    if prior is None or len(positive) < 2:
-        return None
-    run_var = statistics.variance(positive)
-    launch_sd = math.sqrt(prior.launch_variance(run_var))
-    seen = sensitivity(
-        launch_sd,
-        math.sqrt(run_var),
-        len(positive),
-        nights=(7, 28),
-        target=TARGET,
-        config=DetectorConfig(reference_nights=reference_nights, attribute=False),
-        paths=2000,
-    )
-    within = ", ".join(
-        f"{drop:.1%} within {count} nights" if math.isfinite(drop) else f"none within {count}"
-        for count, drop in seen.within
-    )
-    launches = (
-        f"{seen.launches_needed} launch{'es' if seen.launches_needed != 1 else ''} a night"
-        if seen.launches_needed is not None
-        else "more than 16 launches a night"
-    )
-    return (
-        f"what a night can see (tok/s; launch CV {launch_sd:.1%} from {prior.nights} nights, run "
-        f"CV {math.sqrt(run_var):.1%} over {len(positive)} runs): tonight alone FAILs a drop of "
-        f"{seen.one_night:.1%} or more; the detector flags {within}; a {TARGET[0]:.0%} drop within "
-        f"{TARGET[1]} nights needs {launches}"
-    )
+def night_sensitivity(states: Sequence[SeriesState]) -> str | None:
+    """One line per series of what the detector can see from tonight: the nights since the
+    last acknowledged change and the drops it would flag within 7, 14 and 28 nights (from its
+    own calibration, :mod:`pytest_specdecode.stats.horizon`); None when no series is judged."""
+    lines = []
+    for series in states:
+        s, seen = series.state, series.seen
+        if seen is None:
+            continue
+        since = s.opened_by or "the start of the history"
+        lines.append(
+            f"cross-night watch, {series.metric}: night {s.nights} since {since} (level from "
+            f"{seen.points} points, night SD {s.sigma or 0:.1%}); {seen.describe()}"
+        )
+    return "\n".join(lines) if lines else None

@@ -45,7 +45,13 @@ from pytest_specdecode.session.machine_load import (
 from pytest_specdecode.settings import Settings
 from pytest_specdecode.stats.comparison import Verdict
 from pytest_specdecode.stats.sequential import SequentialPlan
-from pytest_specdecode.stats.two_level import TIMING_METRICS, LaunchPrior, prior_for, stated_prior
+from pytest_specdecode.stats.two_level import (
+    TIMING_METRICS,
+    LaunchPrior,
+    bridged,
+    prior_for,
+    stated_prior,
+)
 from pytest_specdecode.verdict import Check, check_json, evaluate, message, outcome_of
 from pytest_specdecode.workloads import Workload
 
@@ -212,6 +218,7 @@ class Measurer:
                 samples,
                 spec.thresholds,
                 reference_nights=settings.reference_nights,
+                launches_vary=launch_varies,
             )
             crossnight = {s.metric: s.to_json() for s in states}
             alarm = alarm_message(states)
@@ -222,12 +229,7 @@ class Measurer:
                 text = f"{text}\n{alarm}"
             else:
                 text += "".join(f"\n{s.describe()}" for s in states if s.state.direction)
-            seen = night_sensitivity(
-                history or [],
-                tonight,
-                samples.get("tok_s", []),
-                reference_nights=settings.reference_nights,
-            )
+            seen = night_sensitivity(states)
             if seen is not None:
                 text += f"\n{seen}"
         result = SpecdecodeResult(
@@ -294,8 +296,9 @@ def launch_priors(
             workload_hash=workload.content_hash(),
             metric=threshold.metric,
         )
-        if prior is None and stated and threshold.metric in TIMING_METRICS:
-            prior = stated_prior(where="the project's default; docs/statistics.md")
+        if stated and threshold.metric in TIMING_METRICS:
+            # the stated prior bridges the first nights until the history has enough of its own
+            prior = bridged(prior, stated_prior(where="the project's default; docs/statistics.md"))
         if prior is not None:
             priors[(threshold.reference, threshold.metric)] = prior
     return priors

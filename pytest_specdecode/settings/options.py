@@ -200,9 +200,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "reference_nights",
         "--specdecode-reference-nights",
-        "Nights of history after a baseline recording that the cross-night detector takes as "
-        "its frozen reference before it watches for a persistent drop (90 meets the detection "
-        "targets in docs/statistics.md; fewer: active sooner, slower to flag small drops)",
+        "The most nights before a candidate change that the cross-night detector takes its "
+        "level from (it watches from the first night after a baseline or an acknowledge; the "
+        "level is the baseline's launches and every night since, at most this many; "
+        "docs/statistics.md)",
         90,
         reference_nights,
         "N",

@@ -1,120 +1,103 @@
-"""Detection across nights: a calibrated CUSUM on the nightly launch means of one check.
+"""Detection across nights, from the first night after an acknowledged change.
 
 One night is one server launch: its mean has log-SD ``sigma_night = sqrt(sigma_L^2 +
 sigma_w^2 / n)``, 3-5 % on the boxes measured so far, so no single night can prove a 5-10 % drop
 (docs/statistics.md, "Across nights"). A persistent drop shows up only as a run of slightly low
-nights. This module accumulates that evidence.
+nights; this module accumulates that evidence.
 
 **Series.** Per (test, hardware key, configuration fingerprint, workload, metric): the nightly
 launch means, log scale, oriented so that higher is better, oldest first
-(:func:`series_from_history` reads them from the JSON-lines history). A night without a
-measurement is a gap and is passed over. An *acknowledged change* (a baseline recorded with
-``--update-baselines``, which the history records as outcome ``recorded``, or a night compared
-with a different stored baseline mean than the night before) restarts everything after it.
+(:mod:`pytest_specdecode.stats.night_series` reads them from the history). A night without a
+measurement is a gap. An *acknowledged change* (a baseline recorded with ``--update-baselines``,
+an ``acknowledge`` line, or a night compared with a different stored baseline than the night
+before) starts a new level.
 
-**Reference.** The first :attr:`DetectorConfig.reference_nights` (90) measured nights after the
-last acknowledged change, *frozen*: not a rolling window, which would absorb a persistent step
-within a few nights (Bencher and Conbench's weakness; nightly-detection.md §3). Its level is the
-mean and its noise the sample SD, both after winsorising the nights that lie more than
-:data:`WINSOR` robust SDs (from the median absolute successive difference, which a step or a
-drift barely moves) from the median: a crashed or half-warm launch must not set the scale. The
-SD is pooled by df with the reference windows of earlier regimes of the same series (an
-acknowledged change moves the level, seldom the box's noise). Why 90 nights and the sample SD:
-the error of the estimated level and SD is what separates this detector from the known-noise
-oracle, and at 30 nights it cost 4 nights at -5 % / launch CV 3 % and 20 at launch CV 5 %
-(docs/statistics.md). Until the reference is complete the detector is *warming up* and says how
-many nights it still needs; the nightly gate's verdict covers large drops meanwhile.
+**The new level's evidence** is everything since that change: the recorded baseline's own launch
+means first (three points on the first night, where a reset used to leave the detector blind for
+90 nights), then every night. The statistic (:mod:`pytest_specdecode.stats.scan`) compares,
+for every candidate first changed night, the nights from it on with every point before it, so
+the level is never estimated from changed nights and never frozen from too few.
 
-**Statistic.** Page's one-sided CUSUM on ``z_t = (x_t - mu) / sigma`` (clipped at
-±max(Z_CLIP, k + MIN_STEP), so one outlier night contributes at most max(Z_CLIP - k, MIN_STEP)):
+**The noise** is the night-to-night SD carried over from the same series' earlier regimes
+(pooled by df: an acknowledged change within one configuration fingerprint moves the level, an
+SGLang release or a new baseline, seldom the box's noise; a change that can change the noise,
+NCCL settings, TP, CUDA graphs, the hardware, is a different fingerprint and so a different
+series, which carries nothing), pooled with what the points since show. Where nothing earlier
+exists (a box's first baseline) a stated prior stands in for the earlier regimes when the
+caller gives one (the gate's launch-CV prior plus the runs' noise), with its pseudo-df. When the
+points since vary clearly more than what was carried (an F test at 10 %), the carried noise is
+dropped and the verdict says so.
 
-    S_t = max(0, S_{t-1} - z_t - k),   k = |ln(1 + min_change)| / (2 sigma)
-
-the likelihood-ratio-optimal detector for a drop of ``min_change`` (Moustakides 1986). Its mirror
-image watches for an improvement, reported but not an alarm that fails anything.
-
-**Threshold.** ``h`` is chosen by simulation so that an unchanged build alarms (regression side)
-within :attr:`DetectorConfig.horizon` monitored nights with probability
-:attr:`DetectorConfig.false_alarm`, *with the reference estimated* from ``reference_nights`` nights
-exactly as above (the oracle with known mu and sigma needs a lower h, and the estimated reference's
-error is most of the gap to it). Seeded, cached on disk per (reference length, k, level, horizon)
-with :mod:`pytest_specdecode.stats.calibration_cache`, as the sequential plan's looks are. The
-default budget is 3.5 % per check per 30 nights, leaving about 1.5 % to the nightly gate's guard
-once history exists (:func:`pytest_specdecode.stats.two_level.guard_alpha`): 5 % in all.
-
-**When it fires:** the estimated start is the E-divisive split of the series since the
-acknowledged change (:mod:`pytest_specdecode.stats.changepoint`) nearest to Page's estimator (the
-night after the CUSUM last left zero), when one lies between the reference and the alarm; else
-Page's estimate. The shift is the mean of the nights from the start on against the reference,
-with a t interval (it is biased away from zero, as any estimate taken at an alarm is).
+**Alarm.** The statistic's thresholds are calibrated for a constant false-alarm hazard: 3.5 %
+per any 30 nights, the first 30 after a reset included; the nightly gate's tightened guard
+spends about 1.5 % more, 5 % in all (:func:`pytest_specdecode.stats.two_level.guard_alpha`). A
+regression alarm stays until the change is acknowledged. Its start is the candidate night that
+maximises the statistic tonight (the E-divisive split of :mod:`changepoint` nearest to it when
+one lies in the regime), its size the mean of the nights from then on against the points
+before, with a t interval (biased away from zero, as any estimate taken at an alarm is).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from functools import lru_cache
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
-from pytest_specdecode.stats.calibration_cache import code_digest, memoized
 from pytest_specdecode.stats.changepoint import ChangePoint, e_divisive
-from pytest_specdecode.stats.distributions import norm_isf, t_isf
+from pytest_specdecode.stats.distributions import f_isf, t_isf
+from pytest_specdecode.stats.scan import (
+    ScanPlan,
+    first_crossing,
+    grid_k,
+    scan,
+    threshold_at,
+    thresholds,
+)
 
 __all__ = [
     "CrossNightState",
     "DetectorConfig",
     "Night",
-    "Sensitivity",
     "detect",
-    "sensitivity",
-    "series_from_history",
-    "threshold_for",
 ]
 
-WINSOR = 4.0
-"""Robust SDs beyond which a reference night is winsorised."""
-
-Z_CLIP = 3.0
-"""A monitored night's z is clipped here, so that one night adds at most ``Z_CLIP - k`` to the
-statistic: a crashed or half-warm launch cannot raise the alarm alone while ``h`` exceeds that
-(it does at every k the defaults produce), and a real large drop still moves the statistic by
-``Z_CLIP - k`` a night (the nightly gate FAILs it the same night anyway). The calibration clips
-in the same way, so the false-alarm level is unchanged."""
-
-MIN_STEP = 1.0
-"""The least that the largest clipped night adds to the statistic. On a box whose nights vary
-less than ``|ln(1 - min_change)| / (2 (Z_CLIP - MIN_STEP))`` (1.3 % at the default 5 %), k is at
-least ``Z_CLIP - MIN_STEP`` and a clip at Z_CLIP would let a night add nothing, so the detector
-could never fire: the H200's no-speculation nights vary 0.78 % (k = 3.3). There the clip moves to
-``k + MIN_STEP`` (:func:`clip_for`) and h is at least the largest step, so that no single night
-raises the alarm alone at any k."""
-
 MIN_EARLIER = 10
-"""Measured nights an earlier regime needs before its reference adds to the SD's df."""
+"""Points an earlier regime needs before its noise is carried over."""
+
+EARLIER_POINTS = 90
+"""The points of each earlier regime its noise is taken from: the first, nearest its own
+baseline (a slow drift later in a long regime would only inflate it)."""
 
 SIGMA_FLOOR = 0.001
-"""The smallest night-to-night log-SD believed (0.1 %): a reference whose nights are all equal
+"""The smallest night-to-night log-SD believed (0.1 %): a regime whose nights are all equal
 (a deterministic metric, rounding) would otherwise make any difference an infinite z."""
 
-_CALIBRATION_PATHS = 20_000  # Monte Carlo error of the false-alarm level about +-0.0013
-_CALIBRATION_SEED = 20_261_203
-_K_GRID = 0.05  # k is rounded to this grid for calibration (h varies slowly with k)
-_DF_GRID = 30  # df pooled from earlier references, rounded down to this grid
-_MAX_EXTRA_DF = 600  # beyond this the SD is as good as known for h
+CONFLICT_LEVEL = 0.01
+"""The noise known before is dropped when the points since vary more than its F quantile at
+this level allows (strict: at 10 % it was dropped by chance in one regime in ten, and with it
+most of the first weeks' power)."""
+
+MIN_CONFLICT_DIFFERENCES = 8
+"""The points since must give this many successive differences before they can overrule."""
+
+_MAX_EXTRA_DF = 384
+_DF_GRID = (0, 3, 6, 9, 12, 15, 18, 21, 24, 30, 36, 48, 60, 90, 120, 180, 240, 384)
+"""The carried df are rounded down to this grid for the calibration (fewer df: higher
+thresholds, so the rounding errs towards fewer alarms)."""
 
 
 @dataclass(frozen=True)
 class Night:
-    """One session's value of one series.
+    """One session's value of one series, or an acknowledged change.
 
     ``mean`` is the launch mean in the metric's unit (None or not finite: not measured that
-    night, a gap); ``runs`` and ``run_sd`` (log scale, within the launch) when known set the SD
-    floor; ``acknowledged`` marks a baseline recording or ``--update-baselines``: the reference
-    restarts after it."""
+    night, a gap); ``runs`` and ``run_sd`` (log scale, within the launch) set the SD floor.
+    ``acknowledged`` marks a change accepted as the new normal: ``launch_means`` then holds the
+    recorded baseline's launch means (the new level's first points; empty for an
+    ``acknowledge`` line) and ``note`` says what it was."""
 
     mean: float | None
     runs: int = 0
@@ -122,19 +105,24 @@ class Night:
     when: str | None = None  # the session's time_utc
     session: str | None = None  # its run_id or commit
     acknowledged: bool = False
+    launch_means: tuple[float, ...] = ()
+    note: str | None = None
 
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """What the detector is for and how sure it must be."""
+    """What the detector is for and how sure it must be; each night's record keeps it
+    (:meth:`to_json`), so that every reader judges with the settings the night ran with."""
 
-    reference_nights: int = 90
+    reference_nights: int = 90  # the most points a candidate change's level is taken from
     min_change: float = 0.05  # the smallest drop worth a bisect: sets k
-    false_alarm: float = 0.035  # P(false alarm within `horizon` monitored nights), regressions
+    false_alarm: float = 0.035  # P(false alarm within `horizon` nights), any `horizon` nights
     horizon: int = 30
     higher_is_better: bool = True
-    pool: bool = True  # pool the SD with the references of earlier regimes of the series
+    pool: bool = True  # carry the noise over from earlier regimes of the series
     attribute: bool = True  # run the E-divisive attribution on an alarm (simulations skip it)
+    stated_launch_cv: float | None = None  # the noise prior where nothing earlier exists
+    stated_df: float = 6.0
 
     def __post_init__(self) -> None:
         if self.reference_nights < 5:
@@ -146,43 +134,80 @@ class DetectorConfig:
         if self.horizon < 1:
             raise ValueError(f"horizon={self.horizon}: at least one night")
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reference_nights": self.reference_nights,
+            "min_change": self.min_change,
+            "false_alarm": self.false_alarm,
+            "horizon": self.horizon,
+            "stated_launch_cv": self.stated_launch_cv,
+            "stated_df": self.stated_df,
+        }
+
+    def with_recorded(self, recorded: Mapping[str, Any] | None) -> DetectorConfig:
+        """This config with the settings a night's record kept (unknown keys ignored, bad
+        values left at this config's)."""
+        if not isinstance(recorded, Mapping):
+            return self
+        changes: dict[str, Any] = {}
+        kinds: tuple[tuple[str, type], ...] = (
+            ("reference_nights", int), ("min_change", float), ("false_alarm", float),
+            ("horizon", int), ("stated_df", float),
+        )  # fmt: skip
+        for name, kind in kinds:
+            value = recorded.get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                changes[name] = kind(value)
+        cv = recorded.get("stated_launch_cv", self.stated_launch_cv)
+        if cv is None or (isinstance(cv, int | float) and cv > 0):
+            changes["stated_launch_cv"] = cv
+        try:
+            return replace(self, **changes)
+        except ValueError:
+            return self
+
 
 @dataclass(frozen=True)
 class CrossNightState:
     """The detector's state after the last night of a series; recomputed from the series alone.
 
-    ``status`` is "warming up" (reference incomplete; ``reason`` says how many nights are
-    missing), "watching" or "alarm". Indices refer to the input sequence of nights."""
+    ``status`` is "warming up" (not judged yet: ``reason`` says why), "watching" or "alarm".
+    Indices refer to the input sequence of nights."""
 
     status: str
     reason: str
     since: int  # index of the first night after the last acknowledged change
     nights: int  # measured nights since then
+    launches: int  # the recorded baseline's launches that opened the level
     reference_nights: int
-    monitored: int  # measured nights after the reference
-    level: float | None  # reference level in the metric's unit
-    sigma: float | None  # night-to-night log-SD of the reference
+    level: float | None  # the level since the change (all its points), in the metric's unit
+    sigma: float | None  # night-to-night log-SD used tonight
+    sigma_df: float | None
+    sigma_source: str
     k: float | None
-    h: float | None
-    statistic: float  # regression-side CUSUM now
-    statistic_up: float  # improvement-side CUSUM now
+    h: float | None  # tonight's threshold
+    statistic: float  # regression side tonight
+    statistic_up: float  # improvement side tonight
     alarm: bool  # a regression alarm (the improvement side is only reported)
     direction: str | None  # "regression" / "improvement" / None
-    alarm_index: int | None  # the night the statistic first crossed h
-    start_index: int | None  # estimated first changed night (the E-divisive split, else Page)
+    alarm_index: int | None  # the night the statistic first crossed its threshold
+    start_index: int | None  # estimated first changed night
     shift: float | None  # estimated relative change from start_index on (ratio - 1)
     shift_low: float | None  # 95 % interval of the shift
     shift_high: float | None
-    changepoint: ChangePoint | None  # E-divisive attribution over the nights since `since`
-    changepoint_index: int | None  # its index in the input sequence
+    changepoint: ChangePoint | None = None
+    changepoint_index: int | None = None
+    opened_by: str | None = None  # what started the level ("baseline recorded", an ack's note)
+    plan: ScanPlan | None = field(default=None, compare=False)
 
     def describe(self, nights: Sequence[Night] = ()) -> str:
         """One line for the report; ``nights`` (the input) names the start night."""
         if self.status == "warming up":
             return f"cross-night detector warming up: {self.reason}"
         head = (
-            f"cross-night CUSUM {self.statistic:.2f} of h {self.h:.2f} (k {self.k:.2f}, "
-            f"reference {self.reference_nights} nights, night SD {self.sigma or 0:.1%})"
+            f"cross-night scan {self.statistic:.2f} of h {self.h:.2f} (night {self.nights} since "
+            f"{self.opened_by or 'the start of the history'}, level from {self.launches} "
+            f"launches and the nights since, night SD {self.sigma or 0:.1%} {self.sigma_source})"
         )
         if self.direction is None:
             return f"{head}: no change"
@@ -190,7 +215,6 @@ class CrossNightState:
         if self.start_index is not None:
             night = nights[self.start_index] if self.start_index < len(nights) else None
             label = night.when or night.session if night is not None else None
-            # counted from 1, as a person counts the nights of the series
             start = f", estimated to start at night {self.start_index + 1}" + (
                 f" ({label})" if label else ""
             )
@@ -200,110 +224,10 @@ class CrossNightState:
         return f"{head}: {self.direction}{size}{start}"
 
 
-# --------------------------------------------------------------------------- reference
-
-
-def _reference(values: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Level and night SD of each row's reference nights (rows: paths; the detector uses one).
-
-    Winsorised at WINSOR robust SDs around the median (the robust SD from the median absolute
-    successive difference, which a step or a drift barely moves), then the mean and the sample
-    SD: the reference is frozen right after an acknowledged change, short enough for drift to
-    matter less than efficiency (the sample SD's R - 1 df against the von Neumann estimate's
-    about 2 (R - 1) / 3 cost 3-4 nights of delay at -5 % and launch CV 5 %; a drift inflates it,
-    which errs towards fewer alarms)."""
-    x = np.atleast_2d(values)
-    median = np.median(x, axis=1, keepdims=True)
-    diffs = np.diff(x, axis=1)
-    robust = 1.4826 * np.median(np.abs(diffs), axis=1, keepdims=True) / math.sqrt(2.0)
-    spread = np.where(robust > 0, WINSOR * robust, np.inf)
-    clipped = np.clip(x, median - spread, median + spread)
-    return clipped.mean(axis=1), clipped.std(axis=1, ddof=1)
-
-
-def clip_for(k: float) -> float:
-    """Where a night's z is clipped for reference value ``k`` (:data:`Z_CLIP`, :data:`MIN_STEP`)."""
-    return max(Z_CLIP, k + MIN_STEP)
-
-
-def _cusum_paths(
-    z: NDArray[np.float64], k: float
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """The regression-side CUSUM along each row of ``z`` (winsorised), and its running max."""
-    clip = clip_for(k)
-    z = np.clip(z, -clip, clip)
-    s = np.zeros(z.shape[0])
-    path = np.empty_like(z)
-    for t in range(z.shape[1]):
-        s = np.maximum(0.0, s - z[:, t] - k)
-        path[:, t] = s
-    return path, np.maximum.accumulate(path, axis=1)
-
-
-# --------------------------------------------------------------------------- threshold
-
-
-def _simulate_threshold(
-    reference_nights: int, k: float, level: float, horizon: int, extra_df: int
-) -> float:
-    # Null paths in standard units: the reference is drawn and estimated as the detector does
-    # (so h carries the error of the estimated level and SD), its variance pooled with
-    # `extra_df` df from earlier references, then `horizon` monitored nights. h is the
-    # (1 - level) quantile of the largest regression-side CUSUM over the horizon.
-    rng = np.random.default_rng(_CALIBRATION_SEED)
-    paths = _CALIBRATION_PATHS
-    reference = rng.standard_normal((paths, reference_nights))
-    monitored = rng.standard_normal((paths, horizon))
-    mu, sigma = _reference(reference)
-    if extra_df:
-        extra = rng.chisquare(extra_df, paths)  # the earlier references' sum of squares
-        own = reference_nights - 1
-        sigma = np.sqrt((own * sigma**2 + extra) / (own + extra_df))
-    z = (monitored - mu[:, None]) / np.maximum(sigma, 1e-12)[:, None]
-    _, running = _cusum_paths(z, k)
-    # never below one night's largest step: one outlier night must not alarm alone (MIN_STEP)
-    return max(float(np.quantile(running[:, -1], 1.0 - level)), clip_for(k) - k)
-
-
-@lru_cache(maxsize=256)
-def threshold_for(
-    reference_nights: int, k: float, false_alarm: float, horizon: int, extra_df: int = 0
-) -> float:
-    """The calibrated h (module docstring) for ``k`` rounded to the calibration grid and
-    ``extra_df`` (df of the SD pooled from earlier references) rounded down to a multiple of
-    :data:`_DF_GRID` (fewer df, a higher h: the rounding errs towards fewer alarms); computed
-    once per user and kept on disk (calibration_cache.py)."""
-    grid_k = round(round(min(max(k, _K_GRID), 4.0) / _K_GRID) * _K_GRID, 6)
-    grid_df = min(extra_df, _MAX_EXTRA_DF) // _DF_GRID * _DF_GRID
-    key = {
-        "what": "crossnight-cusum-h",
-        "reference_nights": reference_nights,
-        "k": grid_k,
-        "false_alarm": false_alarm,
-        "horizon": horizon,
-        "extra_df": grid_df,
-        "paths": _CALIBRATION_PATHS,
-        "seed": _CALIBRATION_SEED,
-        "winsor": WINSOR,
-        "clip": Z_CLIP,
-        "min_step": MIN_STEP,
-        "numpy": np.__version__,
-        "code": code_digest((_simulate_threshold, _reference, _cusum_paths, clip_for)),
-    }
-    return memoized(
-        key,
-        lambda: (_simulate_threshold(reference_nights, grid_k, false_alarm, horizon, grid_df),),
-    )[0]
-
-
-def _k_for(config: DetectorConfig, sigma: float) -> float:
-    return abs(math.log1p(-config.min_change)) / (2.0 * sigma)
-
-
 # --------------------------------------------------------------------------- detection
 
 
-def _acknowledged_since(nights: Sequence[Night]) -> int:
+def _since(nights: Sequence[Night]) -> int:
     for index in range(len(nights) - 1, -1, -1):
         if nights[index].acknowledged:
             return index + 1
@@ -314,327 +238,243 @@ def _measured(night: Night) -> bool:
     return night.mean is not None and math.isfinite(night.mean) and night.mean > 0
 
 
+def _log(value: float, sign: float) -> float:
+    return sign * math.log(value)
+
+
+@dataclass(frozen=True)
+class _Noise:
+    """The noise known before the reset: sum of squares, df, and where it came from."""
+
+    ss: float
+    df: float
+    source: str
+    carried: bool = False  # from earlier regimes of the series (else a stated prior, or none)
+
+
 def detect(nights: Sequence[Night], config: DetectorConfig | None = None) -> CrossNightState:
     """The detector's state after the last of ``nights`` (oldest first; module docstring)."""
     config = config or DetectorConfig()
-    since = _acknowledged_since(nights)
     sign = 1.0 if config.higher_is_better else -1.0
+    since = _since(nights)
+    opening = nights[since - 1] if since else None
+    launch_points = [_log(v, sign) for v in (opening.launch_means if opening else ()) if v > 0]
     indices = [i for i in range(since, len(nights)) if _measured(nights[i])]
-    values = np.array([sign * math.log(float(nights[i].mean or 1.0)) for i in indices])
-    r = config.reference_nights
+    values = [_log(float(nights[i].mean or 1.0), sign) for i in indices]
+    points = np.array([*launch_points, *values])
+    launches = len(launch_points)
+    opened_by = (opening.note or "an acknowledged change") if opening else None
     state = CrossNightState(
-        status="warming up", reason="", since=since, nights=len(indices), reference_nights=r,
-        monitored=0, level=None, sigma=None, k=None, h=None, statistic=0.0, statistic_up=0.0,
-        alarm=False, direction=None, alarm_index=None, start_index=None, shift=None,
-        shift_low=None, shift_high=None, changepoint=None, changepoint_index=None,
+        status="warming up", reason="", since=since, nights=len(indices), launches=launches,
+        reference_nights=config.reference_nights, level=None, sigma=None, sigma_df=None,
+        sigma_source="", k=None, h=None, statistic=0.0, statistic_up=0.0, alarm=False,
+        direction=None, alarm_index=None, start_index=None, shift=None, shift_low=None,
+        shift_high=None, opened_by=opened_by,
     )  # fmt: skip
-    if len(indices) < r:
-        origin = "the acknowledged change" if since else "the start of the history"
-        missing = r - len(indices)
-        return replace(
-            state,
-            reason=(
-                f"{len(indices)} of the {r} reference nights since {origin}; active after "
-                f"{missing} more measured night{'s' if missing != 1 else ''}"
-            ),
-        )
-    mu_arr, sigma_arr = _reference(values[:r])
-    mu = float(mu_arr[0])
-    extra_ss, extra_df = (0.0, 0)
-    if config.pool:
-        extra_ss, extra_df = _earlier_references(nights[:since], sign, r)
-    sigma = math.sqrt(((r - 1) * float(sigma_arr[0]) ** 2 + extra_ss) / (r - 1 + extra_df))
-    floor = _sigma_floor([nights[i] for i in indices[:r]])
-    floored = sigma < floor
-    sigma = max(sigma, floor)
-    k = _k_for(config, sigma)
-    h = threshold_for(r, k, config.false_alarm, config.horizon, extra_df)
-    z = (values[r:] - mu) / sigma
-    down_path = _cusum_paths(z[None, :], k)[0][0]
-    up_path = _cusum_paths(-z[None, :], k)[0][0]
-    reason = f"reference of {r} nights frozen at night {indices[r - 1]}"
-    if extra_df:
-        reason += f"; its SD pooled with {extra_df} df from earlier references"
-    if floored:
-        reason += f"; its night-to-night SD is below the floor, {floor:.2%} used"
+    if not indices:
+        return replace(state, reason="no night measured since " + (opened_by or "the start"))
+    noise = _noise_before(nights[:since], nights[since:], sign, config)
+    noise, conflict = _unless_contradicted(noise, points)
+    learn = not noise.carried
+    own_df = 2.0 * (points.size - 1) / 3.0 if learn else 0.0
+    if noise.df + own_df <= 0 or (launches == 0 and len(values) < 2):
+        return replace(state, reason=_waiting_reason(launches, values, noise))
+    floor = _sigma_floor([nights[i] for i in indices])
+    rough = _pooled_sd(points, noise, learn)
+    k = grid_k(abs(math.log1p(-config.min_change)) / (2.0 * max(rough, floor)))
+    plan = ScanPlan(
+        launches=launches,
+        k=k,
+        extra_df=max(d for d in _DF_GRID if d <= noise.df),
+        window=config.reference_nights,
+        false_alarm=config.false_alarm,
+        horizon=config.horizon,
+        learn=learn,
+    )
+    found = thresholds(plan)
+    path = scan(points[None, :], launches, k, config.reference_nights, np.array([noise.ss]),
+                noise.df, sigma_floor=floor, learn=learn)  # fmt: skip
+    down, up = path.down[0], path.up[0]
+    tonight = len(values)
+    sigma = float(path.sigma[0, -1])
+    source = noise.source + (f"; {conflict}" if conflict else "")
     state = replace(
         state,
         status="watching",
-        reason=reason,
-        monitored=int(z.size),
-        level=math.exp(sign * mu),
+        reason=f"judged on the {tonight} nights since {opened_by or 'the start of the history'}",
+        level=math.exp(sign * float(points.mean())),
         sigma=sigma,
+        sigma_df=float(path.df[0, -1]),
+        sigma_source=source,
         k=k,
-        h=h,
-        statistic=float(down_path[-1]) if z.size else 0.0,
-        statistic_up=float(up_path[-1]) if z.size else 0.0,
+        h=threshold_at(found, tonight),
+        statistic=max(0.0, float(down[-1])),
+        statistic_up=max(0.0, float(up[-1])),
+        plan=plan,
     )
-    crossed_down = np.flatnonzero(down_path > h)
-    crossed_up = np.flatnonzero(up_path > h)
-    if not crossed_down.size and not crossed_up.size:
+    regression = first_crossing(down, found)
+    improvement = first_crossing(up, found)
+    if regression is None and improvement is None:
         return state
     # A regression crossing alarms whatever the improvement side did (an improvement, then a
     # loss, still fails the build); the improvement side alone is only reported.
-    regression = bool(crossed_down.size)
-    path = down_path if regression else up_path
-    first = int(crossed_down[0] if regression else crossed_up[0])
-    # Page's estimator: the change began right after the statistic last stood at zero.
-    zeros = np.flatnonzero(path[:first] == 0.0)
-    page = r + (int(zeros[-1]) + 1 if zeros.size else 0)
-    chosen = _nearest(e_divisive(values), page) if config.attribute else None
-    # The night it started: the E-divisive split nearest to Page's estimate when there is one
-    # after the reference (it weighs the whole series on both sides; Page's estimate is where
-    # the statistic last stood at zero, which a low night before a change pulls early), else
-    # Page's. The shift is measured from there on.
-    began = chosen.index if chosen is not None and r <= chosen.index <= r + first else page
-    changed = values[began:]
-    shift = float(changed.mean() - mu)
-    se = sigma * math.sqrt(1.0 / changed.size + 1.0 / r)
-    half = float(t_isf(0.025, r - 1 + extra_df)) * se
+    first = regression if regression is not None else improvement
+    assert first is not None
+    side = path.start if regression is not None else path.start_up
+    began = int(side[0, -1]) - 1  # 0-based, among the nights since the change
+    shift, low, high = _shift(
+        path.clipped[0], launches, began, config.reference_nights, sigma, float(path.df[0, -1])
+    )
+    chosen = None
+    if config.attribute:
+        split = _nearest(e_divisive(np.array(values)), began)
+        if split is not None and (0 if launches else 1) <= split.index <= first:
+            chosen, began = split, split.index
     return replace(
         state,
         status="alarm",
-        alarm=regression,
-        direction="regression" if regression else "improvement",
-        alarm_index=indices[r + first],
+        alarm=regression is not None,
+        direction="regression" if regression is not None else "improvement",
+        alarm_index=indices[first],
         start_index=indices[began],
-        shift=math.expm1(shift),  # on the higher-is-better scale, as every ratio here
-        shift_low=math.expm1(shift - half),
-        shift_high=math.expm1(shift + half),
         changepoint=chosen,
         changepoint_index=indices[chosen.index] if chosen is not None else None,
+        shift=shift,
+        shift_low=low,
+        shift_high=high,
     )
 
 
-def _earlier_references(nights: Sequence[Night], sign: float, r: int) -> tuple[float, int]:
-    """Sum of squares and df of the reference windows (first ``r`` measured nights) of every
-    regime before the last acknowledged change, each about its own mean. An acknowledged change
-    moves the level (a new baseline) but seldom the box's night-to-night noise, and the SD's df
-    are what the delay at launch CV 5 % is most sensitive to (docs/statistics.md)."""
-    total, df = 0.0, 0
+def _shift(
+    points: np.ndarray, launches: int, began: int, window: int, sigma: float, df: float
+) -> tuple[float | None, float | None, float | None]:
+    """The relative change from night ``began`` (0-based) on against the points before it,
+    with its 95 % t interval, on the higher-is-better scale as every ratio here."""
+    end = launches + began
+    before = points[max(0, end - window) : end]
+    after = points[end:]
+    if not before.size or not after.size:
+        return None, None, None
+    shift = float(after.mean() - before.mean())
+    half = float(t_isf(0.025, max(df, 1.0))) * sigma * math.sqrt(1 / before.size + 1 / after.size)
+    return math.expm1(shift), math.expm1(shift - half), math.expm1(shift + half)
+
+
+def _waiting_reason(launches: int, values: Sequence[float], noise: _Noise) -> str:
+    if launches == 0 and len(values) < 2:
+        return (
+            "the level restarted without a recorded baseline; it is judged from the second "
+            "night on, against the nights before"
+        )
+    return (
+        f"{launches + len(values)} point(s) since the change and no earlier noise to carry: the "
+        "night-to-night SD is not known yet"
+    )
+
+
+def _pooled_sd(points: np.ndarray, noise: _Noise, learn: bool) -> float:
+    own_df = 2.0 * (points.size - 1) / 3.0 if learn else 0.0
+    own = float(np.mean(np.diff(points) ** 2) / 2.0) * own_df if own_df > 0 else 0.0
+    return math.sqrt((noise.ss + own) / (noise.df + own_df))
+
+
+def _noise_before(
+    earlier: Sequence[Night], current: Sequence[Night], sign: float, config: DetectorConfig
+) -> _Noise:
+    """The noise known before this regime: the earlier regimes' (pooled), else the stated prior
+    (launch CV plus the runs' noise of this regime's nights), else nothing."""
+    if config.pool:
+        ss, df, regimes = _earlier_regimes(earlier, sign)
+        if df > 0:
+            return _Noise(
+                ss, df, f"carried over from {regimes} earlier regime(s) ({df:.0f} df)", True
+            )
+    if config.stated_launch_cv is not None:
+        run_vars = [
+            n.run_sd**2 / n.runs
+            for n in current
+            if n.run_sd is not None and n.runs > 0 and math.isfinite(n.run_sd)
+        ]
+        variance = math.log1p(config.stated_launch_cv**2) + (
+            float(np.median(run_vars)) if run_vars else 0.0
+        )
+        return _Noise(
+            variance * config.stated_df,
+            config.stated_df,
+            f"from a stated prior of launch CV {config.stated_launch_cv:.1%} "
+            f"({config.stated_df:g} pseudo-df) and the nights since",
+        )
+    return _Noise(0.0, 0.0, "from the points since the change alone")
+
+
+def _unless_contradicted(noise: _Noise, points: np.ndarray) -> tuple[_Noise, str]:
+    """``noise``, or none when the points since vary clearly more than it allows: their robust
+    SD (the median absolute successive difference, which the step being looked for moves by
+    one difference only) against the carried one, F at :data:`CONFLICT_LEVEL` with the df of
+    that estimator (about 0.4 a difference)."""
+    diffs = np.abs(np.diff(points))
+    if noise.df <= 0 or diffs.size < MIN_CONFLICT_DIFFERENCES:
+        return noise, ""
+    own = (1.4826 * float(np.median(diffs)) / math.sqrt(2.0)) ** 2
+    carried = noise.ss / noise.df
+    limit = float(f_isf(CONFLICT_LEVEL, 0.4 * diffs.size, noise.df))
+    if carried > 0 and own / carried > limit:
+        return _Noise(0.0, 0.0, "from the points since the change alone"), (
+            f"the noise {noise.source.split(' (')[0]} was not used: the points since vary more "
+            f"(robust SD {math.sqrt(own):.1%} against {math.sqrt(carried):.1%})"
+        )
+    return noise, ""
+
+
+def _earlier_regimes(nights: Sequence[Night], sign: float) -> tuple[float, float, int]:
+    """Sum of squares, df and count of the regimes before the last acknowledged change that
+    have :data:`MIN_EARLIER` points: each regime's first :data:`EARLIER_POINTS` points (its
+    baseline's launches, then its nights), winsorised at 4 robust SDs of their median, about
+    their own mean. The sample SD, not the von Neumann estimate: a regime ends at an
+    acknowledged change, so a step inside it is rare, and the sample SD's n - 1 df against
+    about 2 (n - 1) / 3 are worth a week of the first month after a reset (a 10 % drop at
+    launch CV 5 % landing on the second night: flagged within 14 nights in 69 % of trials
+    with 32 df, 60 % with 19)."""
+    total, df, count = 0.0, 0.0, 0
     regime: list[float] = []
     for night in [*nights, Night(None, acknowledged=True)]:
         if night.acknowledged:
             if len(regime) >= MIN_EARLIER:
-                _, sd = _reference(np.array(regime[:r]))
-                total += (min(len(regime), r) - 1) * float(sd[0]) ** 2
-                df += min(len(regime), r) - 1
-            regime = []
+                values = _winsorised(np.array(regime[:EARLIER_POINTS]))
+                total += float(np.sum((values - values.mean()) ** 2))
+                df += values.size - 1
+                count += 1
+            regime = [_log(v, sign) for v in night.launch_means if v > 0]
         elif _measured(night):
-            regime.append(sign * math.log(float(night.mean or 1.0)))
-    return total, df
+            regime.append(_log(float(night.mean or 1.0), sign))
+    if df > _MAX_EXTRA_DF:
+        total, df = total * _MAX_EXTRA_DF / df, float(_MAX_EXTRA_DF)
+    return total, df, count
+
+
+def _winsorised(values: np.ndarray, spread: float = 4.0) -> np.ndarray:
+    median = float(np.median(values))
+    robust = 1.4826 * float(np.median(np.abs(np.diff(values)))) / math.sqrt(2.0)
+    if robust <= 0:
+        return values
+    clipped: np.ndarray = np.clip(values, median - spread * robust, median + spread * robust)
+    return clipped
 
 
 def _nearest(points: Sequence[ChangePoint], position: int) -> ChangePoint | None:
-    """The significant split closest to the CUSUM's estimate (several may exist in a long
-    series: an earlier, acknowledged-in-practice change is not this alarm's cause)."""
+    """The significant split closest to the scan's estimate (several may exist in a long
+    series: an earlier change is not this alarm's cause)."""
     if not points:
         return None
     return min(points, key=lambda point: abs(point.index - position))
 
 
-def _sigma_floor(reference: Sequence[Night]) -> float:
+def _sigma_floor(nights: Sequence[Night]) -> float:
     """The run noise of one night's mean when known (a launch mean cannot vary less than its
     runs do), never below :data:`SIGMA_FLOOR`."""
     known = [
         night.run_sd / math.sqrt(night.runs)
-        for night in reference
+        for night in nights
         if night.run_sd is not None and night.runs > 0 and math.isfinite(night.run_sd)
     ]
     return max(SIGMA_FLOOR, float(np.median(known)) if known else 0.0)
-
-
-# --------------------------------------------------------------------------- history
-
-
-def series_from_history(
-    history: Sequence[Mapping[str, Any]],
-    *,
-    test_id: str,
-    hardware_key: str,
-    fingerprint: str,
-    workload_hash: str,
-    metric: str,
-) -> list[Night]:
-    """One series from history records (oldest first): a Night per session that ran the test
-    with this hardware key, configuration fingerprint and workload (the same selection as
-    :func:`pytest_specdecode.stats.two_level.prior_for`).
-
-    Acknowledged changes are read from what the history records today: a session whose outcome
-    for the test is ``recorded`` (``--update-baselines``: the new baseline's launches are not one
-    night's launch, so that night has no value), and a night whose own-baseline check compared
-    against a different ``baseline_mean`` than the previous compared night (a baseline recorded
-    outside the history's sessions). A crashed night (no mean) is a gap."""
-    nights: list[Night] = []
-    last_baseline: float | None = None
-    key = (test_id, hardware_key, fingerprint, workload_hash)
-    for record in history:
-        for test in record.get("tests") or ():
-            if (
-                not isinstance(test, Mapping)
-                or (
-                    test.get("test_id"),
-                    test.get("hardware_key"),
-                    test.get("fingerprint"),
-                    test.get("workload_hash"),
-                )
-                != key
-            ):
-                continue
-            when, session = record.get("time_utc"), record.get("run_id") or record.get("commit")
-            if test.get("outcome") == "recorded":
-                nights.append(Night(None, when=when, session=session, acknowledged=True))
-                last_baseline = None
-                continue
-            baseline = _own_baseline(test, metric)
-            changed = (
-                baseline is not None
-                and last_baseline is not None
-                and not math.isclose(baseline, last_baseline, rel_tol=1e-9)
-            )
-            if baseline is not None:
-                last_baseline = baseline
-            if changed:  # the night compared against a new baseline: a change was acknowledged
-                nights.append(Night(None, when=when, session=session, acknowledged=True))
-            summary = (test.get("metrics") or {}).get(metric)
-            mean = n = cv = None
-            if isinstance(summary, Mapping):
-                mean, n, cv = summary.get("mean"), summary.get("n"), summary.get("cv")
-            usable = isinstance(mean, int | float) and mean > 0 and isinstance(n, int) and n >= 1
-            nights.append(
-                Night(
-                    float(mean) if usable else None,  # type: ignore[arg-type]
-                    runs=int(n) if usable else 0,  # type: ignore[arg-type]
-                    run_sd=math.sqrt(math.log1p(float(cv) ** 2))
-                    if isinstance(cv, int | float) and cv >= 0
-                    else None,
-                    when=when,
-                    session=session,
-                )
-            )
-    return nights
-
-
-def _own_baseline(test: Mapping[str, Any], metric: str) -> float | None:
-    for check in test.get("checks") or ():
-        if (
-            isinstance(check, Mapping)
-            and check.get("metric") == metric
-            and check.get("reference") is None
-            and isinstance(check.get("baseline_mean"), int | float)
-        ):
-            return float(check["baseline_mean"])
-    return None
-
-
-# --------------------------------------------------------------------------- what a night sees
-
-
-@dataclass(frozen=True)
-class Sensitivity:
-    """What one check can catch at its measured noise (relative drops, positive numbers)."""
-
-    night_sd: float  # log-SD of one night's value at the given launches per night
-    one_night: float  # smallest drop the nightly gate FAILs the same night with `power`
-    within: tuple[tuple[int, float], ...]  # (nights, smallest drop the detector flags by then)
-    launches_needed: int | None  # launches a night for the stated target; None: > max_launches
-    target: tuple[float, int] | None  # (drop, nights) the launches are for
-
-
-def _detector_power(
-    shift_sd: float, nights: int, config: DetectorConfig, sigma: float, paths: int, seed: int
-) -> float:
-    """P(regression alarm within ``nights`` changed nights) for a drop of ``shift_sd`` night
-    SDs, with the reference estimated (the change starts right after the reference)."""
-    rng = np.random.default_rng(seed)
-    r = config.reference_nights
-    reference = rng.standard_normal((paths, r))
-    monitored = rng.standard_normal((paths, nights)) - shift_sd
-    mu, sd = _reference(reference)
-    sd = np.maximum(sd, SIGMA_FLOOR / sigma)
-    k = _k_for(config, sigma)
-    h = threshold_for(r, k, config.false_alarm, config.horizon)
-    # k in units of the estimated SD, fixed, as the calibration has it (the detector's own k
-    # follows its estimated SD; h is calibrated per k, so conditionally on it this is the same).
-    k_paths = k
-    clip = clip_for(k)
-    z = np.clip((monitored - mu[:, None]) / sd[:, None], -clip, clip)
-    s = np.zeros(paths)
-    hit = np.zeros(paths, dtype=bool)
-    for t in range(nights):
-        s = np.maximum(0.0, s - z[:, t] - k_paths)
-        hit |= s > h
-    return float(hit.mean())
-
-
-def sensitivity(
-    launch_sd: float,
-    run_sd: float,
-    runs: int,
-    *,
-    launches: int = 1,
-    baseline_launches: int = 3,
-    baseline_runs: int = 60,
-    margin: float = -0.02,
-    alpha: float = 0.15,
-    alpha_no_change: float = 0.001,
-    power: float = 0.95,
-    nights: Sequence[int] = (3, 7, 14, 28),
-    target: tuple[float, int] | None = None,
-    max_launches: int = 16,
-    config: DetectorConfig | None = None,
-    paths: int = 4000,
-    seed: int = 0,
-) -> Sensitivity:
-    """The smallest drops one check can catch at launch log-SD ``launch_sd`` and run log-SD
-    ``run_sd`` with ``runs`` runs per launch and ``launches`` launches a night.
-
-    ``one_night``: the nightly gate (the two-level verdict with history, whose launch variance
-    is then well estimated: a normal approximation) FAILs the drop with ``power`` when both the
-    margin's bound at ``alpha`` and the no-change guard at ``alpha_no_change`` are crossed.
-    ``within``: the detector (``config``) raises its alarm within each number of ``nights`` after
-    the change with ``power``, by simulation with the reference estimated (seeded, ``paths``
-    paths, bisection on the drop). ``launches_needed``: for ``target = (drop, nights)``, the
-    fewest launches a night whose detector reaches it."""
-    config = config or DetectorConfig()
-    if launch_sd < 0 or run_sd < 0 or runs < 1 or launches < 1:
-        raise ValueError("need launch_sd >= 0, run_sd >= 0, runs >= 1 and launches >= 1")
-
-    def night_sd(count: int) -> float:
-        return max(math.sqrt((launch_sd**2 + run_sd**2 / runs) / count), SIGMA_FLOOR)
-
-    sd = night_sd(launches)
-    base_var = (launch_sd**2 + run_sd**2 / baseline_runs) / baseline_launches
-    se = math.sqrt(sd**2 + base_var)
-    z_power = float(norm_isf(1.0 - power))
-    guard = (float(norm_isf(alpha_no_change)) + z_power) * se
-    margin_bound = abs(math.log1p(margin)) + (float(norm_isf(alpha)) + z_power) * se
-    one_night = -math.expm1(-max(guard, margin_bound))
-
-    def smallest(count_nights: int, sigma: float) -> float:
-        low, high = 0.0, 12.0  # in night SDs
-        if _detector_power(high, count_nights, config, sigma, paths, seed) < power:
-            return math.inf
-        for _ in range(14):
-            middle = (low + high) / 2
-            if _detector_power(middle, count_nights, config, sigma, paths, seed) >= power:
-                high = middle
-            else:
-                low = middle
-        return -math.expm1(-high * sigma)
-
-    within = tuple((n, smallest(n, sd)) for n in nights)
-    needed = None
-    if target is not None:
-        drop, count_nights = target
-        for count in range(1, max_launches + 1):
-            if smallest(count_nights, night_sd(count)) <= drop:
-                needed = count
-                break
-    return Sensitivity(
-        night_sd=sd,
-        one_night=one_night,
-        within=within,
-        launches_needed=needed,
-        target=target,
-    )

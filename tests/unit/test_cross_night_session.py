@@ -16,7 +16,7 @@ from pytest_specdecode.session.cross_night import (
     watched_metrics,
     what_changed,
 )
-from pytest_specdecode.stats.crossnight import series_from_history
+from pytest_specdecode.stats.night_series import series_from_history
 from pytest_specdecode.verdict import Threshold
 
 TONIGHT = Tonight(
@@ -107,7 +107,7 @@ def test_a_persistent_drop_raises_an_alarm_with_its_text_and_an_unchanged_series
     text = alarm_message(states)
     assert text is not None
     assert text.startswith("cross-night alarm")
-    assert "tok_s: cross-night CUSUM" in text
+    assert "tok_s: cross-night scan" in text
     assert "--update-baselines" in text
     data = states[0].to_json()
     assert data["alarm"] is True

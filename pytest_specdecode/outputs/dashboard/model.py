@@ -29,6 +29,7 @@ from typing import Any
 from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.outputs.json_report import parse_iso
 from pytest_specdecode.outputs.trend import TrendRow, trend
+from pytest_specdecode.stats.horizon import horizon
 
 CHARTED = ("tok_s", "accept_length", "ttft", "tpot", "itl_p50", "itl_p99")
 """The metrics a test page draws, in this order (those the history has)."""
@@ -246,12 +247,15 @@ def _detector(row: TrendRow) -> list[dict[str, Any]]:
     for detection in row.detections:
         s = detection.state
         status = "alarm" if s.alarm else ("improved" if s.direction else s.status)
+        seen = horizon(s)
         out.append(
             {
                 "metric": detection.metric,
                 "status": status,
                 "cell": detection.cell(),
                 "text": s.describe(detection.nights),
+                "nights_since": s.nights,
+                "seen": seen.describe() if seen is not None else None,
             }
         )
     return out
@@ -365,11 +369,13 @@ def _mark_new_hardware(series: list[dict[str, Any]]) -> None:
 
 
 def build_model(
-    records: Sequence[Mapping[str, Any]], *, reference_nights: int = 90
+    records: Sequence[Mapping[str, Any]], *, reference_nights: int | None = None
 ) -> dict[str, Any]:
     """The site's data: the sessions and one series per test x profile x hardware key."""
-    ordered = sorted(records, key=lambda r: parse_iso(r["time_utc"]))
-    table = trend(ordered, reference_nights=reference_nights)
+    everything = sorted(records, key=lambda r: parse_iso(r["time_utc"]))
+    table = trend(everything, reference_nights=reference_nights)
+    # the nights on the x axis: sessions, not the acknowledge lines (the detector read those)
+    ordered = [r for r in everything if not r.get("acknowledgements")]
     grouped: dict[tuple[str, str, str], list[Entry]] = {}
     for x, record in enumerate(ordered):
         for test in record.get("tests") or ():

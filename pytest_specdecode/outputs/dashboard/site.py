@@ -77,6 +77,12 @@ def _day(when: Any) -> str:
     return str(when or "")[:16].replace("T", " ")
 
 
+def _detector_settings(reference_nights: int | None) -> str:
+    if reference_nights is None:
+        return "cross-night detector: each series judged with the settings its sessions recorded"
+    return f"cross-night detector: level window {reference_nights} nights (given, not recorded)"
+
+
 def _banner(simulated: bool) -> str:
     return f'<p class="simulated-banner">{_e(SIMULATED_BANNER)}</p>' if simulated else ""
 
@@ -129,13 +135,13 @@ def overview_html(model: Mapping[str, Any]) -> str:
         f"<th>{h}</th>"
         for h in (
             "test", "profile", "algorithm", "hardware", "last night", "verdict",
-            "across nights (CUSUM/h)", "tok/s over the nights", "status",
+            "across nights (scan/h)", "tok/s over the nights", "status",
         )
     )  # fmt: skip
     body = (
         "<header><h1>pytest-specdecode: nightly history</h1>"
         f"<p>{len(sessions)} sessions, {span}; {len(series)} series (test x profile x hardware); "
-        f"cross-night reference {model['reference_nights']} nights</p>"
+        f"{_detector_settings(model['reference_nights'])}</p>"
         f"{_banner(model['simulated'])}</header>\n"
         '<nav class="filters">'
         + _select("profile", "profile", [s["profile"] for s in series])
@@ -216,7 +222,9 @@ def series_html(series: Mapping[str, Any], simulated: bool) -> str:
     notes = "".join(f'<p class="note">{_e(n)}</p>' for n in series["notes"])
     detector = "".join(
         f'<li class="det {_e(d["status"]).replace(" ", "-")}">{_e(d["metric"])}: '
-        f"{_e(d['text'])}</li>"
+        f"{_e(d['text'])}"
+        + (f"<br>from tonight: {_e(d['seen'])}" if d.get("seen") else "")
+        + "</li>"
         for d in series["detector"]
     )
     charts = "".join(
@@ -264,7 +272,7 @@ def _prepare(directory: Path) -> None:
 
 
 def write_site(
-    records: Sequence[Mapping[str, Any]], directory: Path, *, reference_nights: int = 90
+    records: Sequence[Mapping[str, Any]], directory: Path, *, reference_nights: int | None = None
 ) -> Written:
     """Write the dashboard of ``records`` into ``directory`` (see the module docstring)."""
     directory = Path(directory)
