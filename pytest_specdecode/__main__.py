@@ -15,6 +15,11 @@ draft, TP size and NCCL set, and one marked test: :mod:`pytest_specdecode.profil
 refusing to replace any file, and says how to record its baselines and what that costs: 0 when
 written, 2 on bad usage or when a file exists.
 
+``acknowledge HISTORY --test TEST --by WHO --why WHY`` accepts a change as the new normal
+without a launch (:mod:`pytest_specdecode.outputs.acknowledge`): the cross-night detector's level
+of the test's series restarts from the next night, keeping the night SD; 0 when written, 2 on
+bad usage or when the history has no such test.
+
 ``compare OLD NEW`` judges NEW's runs against OLD's (JSON reports or baseline files) with a live
 run's statistics and table (:mod:`pytest_specdecode.outputs.compare`): 0 when no test fails, 1
 when one FAILs, mismatches or errored in NEW, 2 on bad usage or an unreadable file.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import getpass
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -198,6 +204,28 @@ def _add_init(commands: Any) -> None:
     )
 
 
+def _add_acknowledge(commands: Any) -> None:
+    ack = commands.add_parser(
+        "acknowledge",
+        help="accept a change as the new normal: the cross-night detector restarts its level",
+        description=(
+            "Mark in the history that a change is accepted (an intended slowdown, an upgrade "
+            "kept): the cross-night detector's level of the test's series restarts from the "
+            "next night and keeps its night-to-night SD; no server is launched and no baseline "
+            "changes (the nightly gate still compares with the stored baseline: record a new "
+            "one with --update-baselines when the claim itself should move)."
+        ),
+        epilog="exit status: 0 written, 2 usage or input error (no such test in the history)",
+    )
+    ack.add_argument("history", type=Path, metavar="HISTORY", help="the JSON-lines history")
+    ack.add_argument("--test", required=True, metavar="TEST_ID",
+                     help="the test id as the history names it, or '*' for every test")  # fmt: skip
+    ack.add_argument("--hardware-key", metavar="KEY", help="only this hardware key's series")
+    ack.add_argument("--metric", metavar="METRIC", help="only this metric's series (tok_s, ...)")
+    ack.add_argument("--by", metavar="WHO", help="who accepts the change (default: this user)")
+    ack.add_argument("--why", required=True, metavar="TEXT", help="what is accepted, and why")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -256,11 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--reference-nights",
         type=_reference_nights,
-        default=90,
+        default=None,
         metavar="N",
         help=(
-            "nights after a baseline recording the cross-night detector takes as its reference "
-            "(default 90, as --specdecode-reference-nights)"
+            "the most nights before a candidate change that the cross-night detector takes its "
+            "level from (default: what the history's sessions recorded, as "
+            "--specdecode-reference-nights; 90 where they recorded nothing)"
         ),
     )
     report.add_argument(
@@ -270,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_init(commands)
     _add_compare(commands)
+    _add_acknowledge(commands)
     return parser
 
 
@@ -381,6 +411,37 @@ def run_report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_REGRESSION if table.regressed else EXIT_OK
 
 
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError, ImportError):  # no login name in a bare container
+        raise SpecdecodeError(
+            "--by: this user has no login name here; say who accepts it"
+        ) from None
+
+
+def run_acknowledge(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from pytest_specdecode.outputs.acknowledge import Acknowledgement, acknowledge
+
+    def bad_line(exc: HistoryError) -> None:
+        print(f"{PROG} acknowledge: skipping {exc}", file=err)
+
+    records = read_history(args.history, on_bad_line=bad_line)
+    ack = Acknowledgement(args.test, args.by or _user(), args.why, args.hardware_key, args.metric)
+    restarted = acknowledge(args.history, ack, records)
+    print(f"acknowledged in {args.history} by {ack.by}: {ack.why}", file=out)
+    print("the cross-night level restarts from the next night (the night SD carries over) for:",
+          file=out)  # fmt: skip
+    for line in restarted:
+        print(f"  {line}", file=out)
+    print(
+        "the nightly gate still compares with the stored baselines; record new ones "
+        "(--update-baselines) when a claim itself should move",
+        file=out,
+    )
+    return EXIT_OK
+
+
 def main(
     argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
@@ -392,7 +453,12 @@ def main(
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help/--version exit 0, usage errors exit 2
         return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
-    command = {"report": run_report, "compare": run_compare, "init": run_init}[args.command]
+    command = {
+        "report": run_report,
+        "compare": run_compare,
+        "init": run_init,
+        "acknowledge": run_acknowledge,
+    }[args.command]
     try:
         return command(args, out, err)
     except (SpecdecodeError, ValueError) as exc:  # bad input file, no matplotlib, bad picture
