@@ -1,59 +1,47 @@
-"""Detection across nights: delays and false alarms of every rule on the same simulated nights
-(prints figures; not a test). Issue #23.
+"""Detection across nights, by the night a drop lands after a new baseline (prints figures; not a
+test). Issues #23 and #44.
 
-Each trial is one check's life after an acknowledged change: a baseline of 3 launches x 60 runs,
-then the nightly sessions, one launch of up to 10 runs each (run CV 3 %), lognormal at both
-levels. The first ``REFERENCE`` nights (the detector's reference, 90) are unchanged; then either
-30 more unchanged nights (false alarms per 30 nights) or a persistent drop of 5, 10 or 29 % from
-the first evaluated night on, followed for up to ``CHANGE_NIGHTS`` nights (the delay).
+Each trial is one check's life around an acknowledged change: ``--earlier`` nights of an earlier
+regime (30 by default; 0: a box's first baseline, no history at all), then a baseline recorded
+over 3 launches x 60 runs at a level 4 % higher (the accepted change, say an SGLang upgrade),
+then one launch a night of up to 10 runs (run CV 3 %), lognormal at both levels. On the same
+random nights, an unchanged build is followed for 120 nights (false alarms in nights 1-30,
+31-60, 61-90 and 91-120 after the reset) and, for each change (-5, -10, -29 %) and each landing
+night (1, 2, 3, 4, 5, 10, 30, 60, 91: the first changed night), the build is that much slower from
+that night on for up to 28 nights (the nights before are the unchanged build's).
 
-Everything a session does goes through the plugin's own code: every evaluated night is judged by
-``stats.compare`` look by look with the sequential plan's alphas and the no-change guard spent in
-proportion (as ``measurement.py`` does), with the launch prior that ``launches.prior_for`` reads
-from the history records; each night is written as a history record (the shape of
-``outputs/history.history_record``, checked by ``history.parse_record``; ``--ci`` also appends
-every night to a real history file with ``append_history`` and reads it back with
-``read_history``), and the cross-night detector reads its series with
-``crossnight.series_from_history`` and judges it with ``crossnight.detect``. The rules, on the
-same nights:
+Everything a session does goes through the plugin's own code: every night is judged by
+``stats.compare`` look by look with the sequential plan's alphas and the no-change guard spent
+in proportion, with the launch prior the session uses (``two_level.prior_for`` over the history
+records, ``two_level.bridged`` with the stated prior while the history is short); each night is
+written as a history record (the shape of ``outputs/history.history_record``, checked by its
+parser; the baseline as a ``recorded`` line with its launches), and the cross-night detector
+reads its series with ``night_series.series_from_history`` and judges it with
+``crossnight.detect`` as the session configures it. The rules, on the same nights:
 
-* **new**: the nightly gate with the guard tightened once history exists
-  (``launches.guard_alpha``) OR the cross-night CUSUM (``crossnight.detect``, 90-night frozen
-  reference); **new, R=30**: the same with a 30-night reference (active three times sooner);
-* **previous**: today's trend rule, two nightly FAILs in a row (guard 0.01, ``outputs/trend.py``);
-* **mean:5%**: pytest-benchmark's ``--benchmark-compare-fail=mean:5%`` each night against the
-  saved baseline (the mean of the night's 10 runs more than 5 % below the baseline's mean);
-* **asv-style**: a reimplementation (asv is not a dependency) of asv's step detection: the
-  optimal piecewise-constant fit of the nightly log means with a BIC-like penalty (3 ln n per
-  segment, noise from the successive differences), a regression when the latest segment of >= 2
-  nights lies more than 5 % (asv's ``regressions_thresholds`` default) below the one before;
-* **Otava**: Apache Otava 0.8.0 itself, in a venv of its own (``scripts/provision-otava.sh``;
-  Otava pins numpy 2.2): every row's series go, in one batch, to ``benchmarks/otava/bridge.py`` run
-  by that venv's interpreter, which runs Otava's ``Series.analyze`` with the defaults of ``otava
-  analyze`` (E-divisive on windows of 50 points, t-test at 0.001) on every prefix a nightly job
-  would have (night n: all nights up to n) and returns the first night Otava reports a
-  regression change point lying at most 5 nights before the change; ``--no-otava`` leaves it out;
-* **Otava-like**: the reimplementation that stood in for it before: the E-divisive split of the
-  trailing 30 nights (``changepoint`` Q, power 1) and one two-sided Student t-test on it at
-  Otava's ``max_pvalue`` 0.001, the same 5-night tolerance;
-* **oracle**: the CUSUM with the true level and noise (the limit any detector of this k has), h
-  calibrated to the same 3.5 % per 30 nights.
+* **new**: the nightly gate OR the cross-night scan (``crossnight.detect``), watching from the
+  first night after the baseline;
+* **90-night rule**: the rule before issue 44: the gate with the history prior replacing the
+  stated one from the third night, OR the CUSUM against a reference frozen after 90 nights
+  (``benchmarks/previous_crossnight.py``, moved there unchanged);
+* **Otava**: Apache Otava 0.8.0 itself (``otava analyze``'s defaults, E-divisive on windows of
+  50 points, t-test at 0.001) on every prefix a nightly job would have, in a venv of its own
+  (``scripts/provision-otava.sh``); a regression change point at most 5 nights before the
+  landing counts; Otava knows no acknowledged change and reads the whole series;
+* **oracle**: Page's CUSUM with the true level and noise of the new build from night 1 (the
+  limit any detector of this k has), h for 3.5 % per 30 nights.
 
-Delays count nights from the change (1 = flagged on the first changed night); ">N" means not
-flagged by the cap in at least that share of trials. Monte Carlo error: +-sqrt(p(1-p)/trials) on
-rates (printed), and the order-statistic interval on the 95th percentile (printed as a range).
+"Flagged within N nights" counts from the landing night (1 = the landing night itself) among
+the trials in which the rule had not raised a cross-night alarm before the drop landed (an alarm
+stays until acknowledged; the share left out is printed); a nightly FAIL does not stay. Monte
+Carlo error: +-sqrt(p(1-p)/trials) on every rate.
+
+    python benchmarks/bench_nightly.py [--trials 400] [--seed 1] [--earlier 30] [--jobs 2]
+        [--only NAME] [--no-otava] [--ci]
+    python benchmarks/bench_nightly.py --e2e   # the user's path, through pytest and the simulator
 
 Scenarios: launch CV 3 % and 5 % at run CV 3 %, and the noise measured on one H200 at TP 1
-(``tests/contract/data/h200_noise.json``, read at run time: the launch CV beyond the runs and the
-pooled run CV of "measured H200 TP1 (EAGLE3 2-step)", 1.22 % and 0.77 % when written, and of
-"(no speculation)", 0.75 % and 0.63 %, the latter not under ``--ci``).
-
-    python benchmarks/bench_nightly.py [--trials 200] [--seed 1] [--ci] [--no-otava]
-        [--scenario NAME=LAUNCH_CV,RUN_CV] [--measured launch_means.json] [--only NAME]
-
-The Otava column needs Otava's venv, built once (seconds) by ``scripts/provision-otava.sh``; the
-benchmark finds it in the same cache (or ``--otava-python``, ``SPECDECODE_OTAVA_PYTHON``) and
-stops with that command when it is missing, unless ``--no-otava``.
+(``tests/contract/data/h200_noise.json``, read at run time).
 """
 
 from __future__ import annotations
@@ -61,20 +49,25 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tabulate import tabulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import nightly_e2e
+import previous_crossnight
 
 from pytest_specdecode.outputs.history import (
     HISTORY_SCHEMA_VERSION,
@@ -83,19 +76,23 @@ from pytest_specdecode.outputs.history import (
     read_history,
 )
 from pytest_specdecode.settings import OPTIONS_BY_NAME
-from pytest_specdecode.stats.changepoint import energy_split
 from pytest_specdecode.stats.comparison import Verdict, compare
-from pytest_specdecode.stats.crossnight import (
-    DetectorConfig,
-    clip_for,
-    detect,
-    series_from_history,
-)
-from pytest_specdecode.stats.distributions import t_sf
+from pytest_specdecode.stats.crossnight import DetectorConfig, detect
+from pytest_specdecode.stats.night_series import series_from_history
+from pytest_specdecode.stats.scan import clip_for
 from pytest_specdecode.stats.sequential import SequentialPlan
-from pytest_specdecode.stats.two_level import LaunchPrior, guard_alpha, prior_for, stated_prior
+from pytest_specdecode.stats.two_level import (
+    STATED_LAUNCH_CV,
+    STATED_PRIOR_DF,
+    LaunchPrior,
+    bridged,
+    guard_alpha,
+    prior_for,
+    stated_prior,
+)
 
 LEVEL = 88.8  # tok/s, the seed's NCCL-tuned baseline
+ACCEPTED = 0.04  # the accepted change at the reset: the new build is 4 % faster
 MARGIN = -0.02
 ALPHA = float(OPTIONS_BY_NAME["alpha"].default)
 ALPHA_NO_CHANGE = float(OPTIONS_BY_NAME["alpha_no_change"].default)
@@ -103,71 +100,59 @@ RUNS = int(OPTIONS_BY_NAME["runs"].default)
 MAX_RUNS = int(OPTIONS_BY_NAME["max_runs"].default)
 BASELINE_RUNS = int(OPTIONS_BY_NAME["baseline_runs"].default)
 BASELINE_LAUNCHES = 3
-CONFIG = DetectorConfig(attribute=False)
-SHORT = DetectorConfig(reference_nights=30, attribute=False)
-REFERENCE = CONFIG.reference_nights
-NULL_NIGHTS = 30
-CHANGE_NIGHTS = 40
+NEW = DetectorConfig(attribute=False, stated_launch_cv=STATED_LAUNCH_CV, stated_df=STATED_PRIOR_DF)
+BEFORE = previous_crossnight.DetectorConfig(attribute=False)
+LANDINGS = (1, 2, 3, 4, 5, 10, 30, 60, 91)
+WITHIN = (7, 14, 28)
+NULL_NIGHTS = 120
+WINDOWS = ((1, 30), (31, 60), (61, 90), (91, 120))
 CHANGES = (-0.05, -0.10, -0.29)
-OTAVA_WINDOW, OTAVA_P = 30, 0.001
-#: A change point up to this many nights before the change counts as finding it (E-divisive
-#: dates a step a night or two early when a low night precedes it); one earlier is noise.
-OTAVA_EARLY = 5
+OTAVA_EARLY = 5  # a change point up to this many nights before the landing counts
 OTAVA_VERSION = "0.8.0"
 OTAVA_BRIDGE = Path(__file__).resolve().parent / "otava" / "bridge.py"
 OTAVA_BUILD = "scripts/provision-otava.sh"
-ASV_THRESHOLD = 0.05
-LOAD_S, RUN_S = 900.0, 5.5
 KEY = {"test_id": "bench::test_tok_s", "hardware_key": "sim", "fingerprint": "f",
        "workload_hash": "w"}  # fmt: skip
-RULES = ("new", "new, R=30", "previous", "mean:5%", "asv-style", "Otava-like", "oracle")
-#: The rule judged outside this process, after a row's trials (``otava_first``).
+RULES = ("new", "90-night rule", "oracle")
 OTAVA = "Otava"
 START = datetime(2026, 1, 1, 3, 0, tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """The noise of one box. ``launch_effects`` (log deviations of measured launch means from
-    their mean) replaces the lognormal launch effect by resampling: the hook for measured GPU
-    noise (``--measured``). ``measured_run_cv``: the run CV is a measurement, kept in the
-    first-night table too (which otherwise puts every box at the seed's 4 %)."""
+    """The noise of one box: the launch CV (lognormal launch effects) and the run CV."""
 
     name: str
     launch_cv: float
     run_cv: float
-    launch_effects: tuple[float, ...] = ()
-    measured_run_cv: bool = False
 
     def launches(self, rng: np.random.Generator, k: int, r: int) -> np.ndarray:
-        if self.launch_effects:
-            offsets = rng.choice(np.asarray(self.launch_effects), (k, 1))
-        else:
-            offsets = rng.normal(0.0, math.sqrt(math.log1p(self.launch_cv**2)), (k, 1))
+        offsets = rng.normal(0.0, math.sqrt(math.log1p(self.launch_cv**2)), (k, 1))
         run_sd = math.sqrt(math.log1p(self.run_cv**2))
         return LEVEL * np.exp(offsets + rng.normal(0.0, run_sd, (k, r)))
 
 
 SCENARIOS = (Scenario("launch CV 3%", 0.03, 0.03), Scenario("launch CV 5%", 0.05, 0.03))
-#: Run and launch noise of a GPU-bound SGLang server measured on one H200 at TP 1 (the contract
-#: file the simulator's noise presets are held to; docs/gpu-smoke-2026-12-03/ has the evidence).
 H200_NOISE = Path(__file__).resolve().parents[1] / "tests" / "contract" / "data" / "h200_noise.json"
 MEASURED_H200 = {"noise-eagle3-2": "EAGLE3 2-step", "noise-nospec": "no speculation"}
 
 
 def measured_h200(profile: str = "noise-eagle3-2") -> Scenario:
     """The H200's noise for ``profile``, read from the contract file now: the launch CV beyond
-    what the runs explain (the launch effect) and the pooled run CV inside a launch."""
+    what the runs explain and the pooled run CV inside a launch."""
     measured = json.loads(H200_NOISE.read_text(encoding="utf-8"))["profiles"][profile]
     return Scenario(
         f"measured H200 TP1 ({MEASURED_H200[profile]})",
         float(measured["launch_cv_beyond_runs"]),
         float(measured["run_cv_rms"]),
-        measured_run_cv=True,
     )
 
 
-# --------------------------------------------------------------------------- a night's records
+# --------------------------------------------------------------------------- history lines
+
+
+def _when(index: int) -> str:
+    return (START + timedelta(days=index)).isoformat().replace("+00:00", "Z")
 
 
 def night_record(
@@ -178,122 +163,251 @@ def night_record(
     mean = float(runs.mean())
     record = {
         "schema_version": HISTORY_SCHEMA_VERSION,
-        "time_utc": (START + timedelta(days=index)).isoformat().replace("+00:00", "Z"),
+        "time_utc": _when(index),
         "run_id": f"night-{index}",
-        "tests": [
-            {
-                **KEY,
-                "profile": "bench",
-                "outcome": verdict,
-                "metrics": {
-                    "tok_s": {
-                        "n": int(runs.size),
-                        "mean": mean,
-                        "cv": float(runs.std(ddof=1) / mean),
-                    }
-                },
-                "checks": [
-                    {
-                        "metric": "tok_s",
-                        "reference": None,
-                        "verdict": verdict,
-                        "baseline_mean": baseline_mean,
-                        "ratio": mean / baseline_mean,
-                    }
-                ],
-            }
-        ],
-    }
+        "tests": [{
+            **KEY, "profile": "bench", "outcome": verdict,
+            "metrics": {"tok_s": {"n": int(runs.size), "mean": mean,
+                                  "cv": float(runs.std(ddof=1) / mean)}},
+            "checks": [{"metric": "tok_s", "reference": None, "verdict": verdict,
+                        "baseline_mean": baseline_mean, "ratio": mean / baseline_mean}],
+        }],
+    }  # fmt: skip
     return parse_record(json.dumps(record), where=f"night {index}")
+
+
+def recorded_record(index: int, launches: np.ndarray) -> dict[str, Any]:
+    """A ``--update-baselines`` session's line: outcome ``recorded``, every run and the runs of
+    each launch (the detector's first points of the new level)."""
+    values = launches.ravel()
+    record = {
+        "schema_version": HISTORY_SCHEMA_VERSION,
+        "time_utc": _when(index),
+        "run_id": f"baseline-{index}",
+        "tests": [{
+            **KEY, "profile": "bench", "outcome": "recorded",
+            "metrics": {"tok_s": {"n": int(values.size), "mean": float(values.mean()),
+                                  "cv": float(values.std(ddof=1) / values.mean())}},
+            "checks": [], "samples": {"tok_s": [float(v) for v in values]},
+            "launch_runs": [int(launches.shape[1])] * int(launches.shape[0]),
+        }],
+    }  # fmt: skip
+    return parse_record(json.dumps(record), where=f"baseline {index}")
 
 
 # --------------------------------------------------------------------------- the nightly gate
 
 
 def gate(
-    runs: np.ndarray,
-    baseline: list[float],
-    plan: SequentialPlan,
-    prior: LaunchPrior | None,
-) -> tuple[Verdict, Verdict]:
-    """Today's verdict (guard 0.01 spent across the looks) and the new one (the guard from
-    ``launches.guard_alpha``), look by look as ``measurement.py`` runs them. The two differ only
-    where today's is FAIL, so the new rule reuses today's comparisons elsewhere."""
+    runs: np.ndarray, baseline: list[float], plan: SequentialPlan, prior: LaunchPrior | None
+) -> tuple[Verdict, int]:
+    """The night's verdict and the runs it took, look by look as ``measurement.py`` runs them
+    (the guard from ``two_level.guard_alpha``, spent across the looks as alpha is)."""
     looks = plan.looks()
-    memo: dict[tuple[int, float], Verdict] = {}
-
-    def at(index: int, guard: float) -> Verdict:
-        if (index, guard) not in memo:
-            look_alpha = plan.alpha_at(index)
-            memo[index, guard] = compare(
-                list(runs[: looks[index]]),
-                baseline,
-                margin=MARGIN,
-                alpha=look_alpha,
-                launch_runs=[BASELINE_RUNS] * BASELINE_LAUNCHES,
-                prior=prior,
-                alpha_no_change=guard * look_alpha / ALPHA,
-            ).verdict
-        return memo[index, guard]
-
-    def sequence(guard: float) -> Verdict:
-        verdict = Verdict.INCONCLUSIVE
-        for index in range(len(looks)):
-            verdict = at(index, ALPHA_NO_CHANGE)
-            if verdict is Verdict.FAIL and guard != ALPHA_NO_CHANGE:
-                verdict = at(index, guard)
-            if verdict is not Verdict.INCONCLUSIVE:
-                return verdict
-        return verdict
-
-    return sequence(ALPHA_NO_CHANGE), sequence(guard_alpha(ALPHA_NO_CHANGE, prior))
+    guard = guard_alpha(ALPHA_NO_CHANGE, prior)
+    verdict = Verdict.INCONCLUSIVE
+    for index, n in enumerate(looks):
+        look_alpha = plan.alpha_at(index)
+        verdict = compare(
+            list(runs[:n]), baseline, margin=MARGIN, alpha=look_alpha,
+            launch_runs=[BASELINE_RUNS] * BASELINE_LAUNCHES, prior=prior,
+            alpha_no_change=guard * look_alpha / ALPHA,
+        ).verdict  # fmt: skip
+        if verdict is not Verdict.INCONCLUSIVE:
+            return verdict, n
+    return verdict, looks[-1]
 
 
-# --------------------------------------------------------------------------- comparators
+def priors(history: Sequence[dict[str, Any]]) -> tuple[LaunchPrior, LaunchPrior]:
+    """The launch prior of the new rule (the history's, bridged with the stated prior while
+    short) and of the rule before (the history's replacing the stated prior from 3 nights)."""
+    measured = prior_for(history, metric="tok_s", **KEY)
+    stated = stated_prior(where="the project's default; docs/statistics.md")
+    return bridged(measured, stated), measured if measured is not None else stated
 
 
-def asv_regression(values: np.ndarray) -> bool:
-    """asv-style: the latest step of an optimal piecewise-constant fit is a drop > 5 %."""
-    n = values.size
-    if n < 4:
-        return False
-    noise = max(float(np.mean(np.diff(values) ** 2) / 2.0), 1e-12)
-    penalty = 3.0 * math.log(n)
-    s1 = np.concatenate([[0.0], np.cumsum(values)])
-    s2 = np.concatenate([[0.0], np.cumsum(values**2)])
-    best = np.full(n + 1, np.inf)
-    best[0] = -penalty
-    cut = np.zeros(n + 1, dtype=np.int64)
-    for j in range(1, n + 1):
-        i = np.arange(j)
-        cost = (s2[j] - s2[i]) - (s1[j] - s1[i]) ** 2 / (j - i)
-        total = best[i] + cost / noise + penalty
-        cut[j] = int(np.argmin(total))
-        best[j] = total[cut[j]]
-    last = cut[n]
-    if last == 0 or n - last < 2:
-        return False
-    previous = cut[last]
-    before = float(values[previous:last].mean())
-    after = float(values[last:].mean())
-    return math.expm1(after - before) < -ASV_THRESHOLD
+# --------------------------------------------------------------------------- one trial
 
 
-def otava_split(values: np.ndarray) -> int | None:
-    """Otava-like: the E-divisive split of the trailing window, kept when a two-sided Student
-    t-test gives p <= 0.001 and the later side is lower; its index in ``values``."""
-    window = values[-OTAVA_WINDOW:]
-    split = energy_split(window, permutations=0)
-    if split is None or split.after >= split.before:
-        return None
-    left, right = window[: split.index], window[split.index :]
-    df = left.size + right.size - 2
-    pooled = ((left.size - 1) * left.var(ddof=1) + (right.size - 1) * right.var(ddof=1)) / df
-    se = math.sqrt(pooled * (1 / left.size + 1 / right.size))
-    if se == 0:
-        return None
-    p_value = 2.0 * float(t_sf(abs(left.mean() - right.mean()) / se, df))
-    return values.size - window.size + split.index if p_value <= OTAVA_P else None
+@dataclass(frozen=True)
+class Oracle:
+    level: float  # the true expected log night mean of the new build
+    sd: float
+    k: float
+    h: float
+
+
+def oracle_for(scenario: Scenario, seed: int) -> Oracle:
+    """The known-noise CUSUM: the level and SD of a night's log mean by simulation (200,000
+    nights), h for 3.5 % per 30 nights on 20,000 null paths."""
+    rng = np.random.default_rng([seed, 99])
+    nights = np.log(scenario.launches(rng, 200_000, MAX_RUNS).mean(axis=1) * (1 + ACCEPTED))
+    level, sd = float(nights.mean()), float(nights.std())
+    k = abs(math.log1p(-NEW.min_change)) / (2 * sd)
+    clip = clip_for(k)
+    z = np.clip(rng.standard_normal((20_000, 30)), -clip, clip)
+    s, peak = np.zeros(z.shape[0]), np.zeros(z.shape[0])
+    for t in range(30):
+        s = np.maximum(0.0, s - z[:, t] - k)
+        peak = np.maximum(peak, s)
+    return Oracle(level, sd, k, max(float(np.quantile(peak, 1 - NEW.false_alarm)), clip - k))
+
+
+@dataclass
+class Branch:
+    """The nights after the reset on one path: the history as the readers see it, and each
+    rule's first flag (1-based night after the reset)."""
+
+    history: list[dict[str, Any]]
+    baseline: list[float]
+    baseline_mean: float
+    oracle_s: float = 0.0
+    first: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(RULES))
+    alarmed: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(RULES))
+    history_file: Path | None = None
+
+    def night(self, night: int, runs: np.ndarray, plan: SequentialPlan, oracle: Oracle,
+              offset: int) -> None:  # fmt: skip
+        new_prior, old_prior = priors(self.history)
+        verdict, n = gate(runs, self.baseline, plan, new_prior)
+        old = verdict if old_prior is new_prior else gate(runs, self.baseline, plan, old_prior)[0]
+        record = night_record(offset + night, runs[:n], verdict.value, self.baseline_mean)
+        self.history.append(record)
+        if self.history_file is not None:  # through a real file, as a session appends it
+            append_history(self.history_file, record)
+            self.history[:] = read_history(self.history_file)
+        series = series_from_history(self.history, metric="tok_s", **KEY)
+        new_alarm = detect(series, NEW).alarm
+        old_alarm = previous_crossnight.detect(series, BEFORE).alarm
+        z = (math.log(float(runs[:n].mean())) - oracle.level) / oracle.sd
+        z = max(-clip_for(oracle.k), min(clip_for(oracle.k), z))
+        self.oracle_s = max(0.0, self.oracle_s - z - oracle.k)
+        flags = {
+            "new": (verdict is Verdict.FAIL or new_alarm, new_alarm),
+            "90-night rule": (old is Verdict.FAIL or old_alarm, old_alarm),
+            "oracle": (self.oracle_s > oracle.h, self.oracle_s > oracle.h),
+        }
+        for rule, (flagged, alarm) in flags.items():
+            if flagged and self.first[rule] is None:
+                self.first[rule] = night
+            if alarm and self.alarmed[rule] is None:
+                self.alarmed[rule] = night
+
+    def fork(self) -> Branch:
+        return Branch(list(self.history), self.baseline, self.baseline_mean, self.oracle_s,
+                      dict(self.first), dict(self.alarmed))  # fmt: skip
+
+
+@dataclass
+class TrialResult:
+    null_first: dict[str, int | None]  # first flag on the unchanged path, 1-based night
+    delays: dict[tuple[float, int], dict[str, int | str | None]]  # "alarmed": left out
+    otava_series: list[tuple[list[float], int, int]]  # (values, monitored_from, counts_from)
+    otava_keys: list[tuple[float, int] | None]  # None: the null path
+
+
+def trial(scenario: Scenario, earlier: int, seed: int, index: int, oracle: Oracle,
+          plan: SequentialPlan, changes: Sequence[float], landings: Sequence[int],
+          null_nights: int, history_file: Path | None = None,
+          comparators: bool = True) -> TrialResult:  # fmt: skip
+    """One check's nights around a reset (module docstring), every rule on the same nights.
+    ``comparators=False``: a changed path stops once the new rule and the oracle have flagged
+    (the rule before and Otava are judged on the first ``--comparator-trials`` trials only:
+    the rule before rarely flags a small drop within 28 nights, so its nights are most of the
+    cost)."""
+    watched = RULES if comparators else ("new", "oracle")
+    longest = max(null_nights, max(landings) + max(WITHIN) - 1)
+    drawn = draw(scenario, earlier, seed, index, longest)
+    history: list[dict[str, Any]] = []
+    if earlier:
+        history.append(recorded_record(0, drawn.first_base))
+        for night, runs in enumerate(drawn.earlier, start=1):
+            record = night_record(night, runs, "inconclusive", float(drawn.first_base.mean()))
+            history.append(record)
+    base, draws = drawn.base, drawn.nights
+    offset = earlier + 1
+    history.append(recorded_record(offset, base))
+    path = Branch(history, list(base.ravel()), float(base.mean()), history_file=history_file)
+    snapshots: dict[int, Branch] = {}
+    for night in range(1, null_nights + 1):
+        if night in landings:
+            snapshots[night] = path.fork()
+        path.night(night, draws[night - 1], plan, oracle, offset)
+    otava, keys = otava_inputs(drawn, changes, landings, null_nights) if comparators else ([], [])
+    delays: dict[tuple[float, int], dict[str, int | str | None]] = {}
+    for change in changes:
+        for landing in landings:
+            start = snapshots[landing]
+            branch = start.fork()
+            result: dict[str, int | str | None] = {}
+            for rule in RULES:
+                if start.alarmed[rule] is not None:
+                    result[rule] = "alarmed"
+            for night in range(landing, landing + max(WITHIN)):
+                if all(rule in result for rule in watched):
+                    break
+                branch.night(night, draws[night - 1] * (1 + change), plan, oracle, offset)
+                for rule in RULES:
+                    if (
+                        rule not in result
+                        and branch.first[rule] is not None
+                        and (
+                            branch.first[rule] >= landing  # type: ignore[operator]
+                        )
+                    ):
+                        result[rule] = int(branch.first[rule]) - landing + 1  # type: ignore[arg-type]
+            for rule in RULES:
+                result.setdefault(rule, None if rule in watched else "skipped")
+            delays[change, landing] = result
+    return TrialResult(path.first, delays, otava, keys)
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """The random nights of one trial: the earlier regime's baseline and nights, the new
+    baseline, and every night after the reset (unchanged; a drop multiplies them)."""
+
+    first_base: np.ndarray
+    earlier: list[np.ndarray]
+    base: np.ndarray
+    nights: np.ndarray
+
+
+def draw(scenario: Scenario, earlier: int, seed: int, index: int, longest: int) -> Drawn:
+    """Trial ``index``'s nights, seeded by the trial alone (not by the chunk that runs it)."""
+    rng = np.random.default_rng([seed, round(scenario.launch_cv * 1e4), earlier, index])
+    first_base = np.zeros((0, 0))
+    before = []
+    if earlier:
+        first_base = scenario.launches(rng, BASELINE_LAUNCHES, BASELINE_RUNS)
+        before = [scenario.launches(rng, 1, MAX_RUNS)[0] for _ in range(earlier)]
+    base = scenario.launches(rng, BASELINE_LAUNCHES, BASELINE_RUNS) * (1 + ACCEPTED)
+    nights = scenario.launches(rng, longest, MAX_RUNS) * (1 + ACCEPTED)
+    return Drawn(first_base, before, base, nights)
+
+
+def otava_inputs(
+    drawn: Drawn, changes: Sequence[float], landings: Sequence[int], null_nights: int
+) -> tuple[list[tuple[list[float], int, int]], list[tuple[float, int] | None]]:
+    """What Otava is given for one trial: the nightly means (10 runs each) of the unchanged
+    path and of each changed one, with the first monitored index and the first index a change
+    point counts from; and the (change, landing) each series is for (None: unchanged)."""
+    before = [float(runs.mean()) for runs in drawn.earlier]
+    at0 = len(before)
+    series = [([*before, *(float(d.mean()) for d in drawn.nights[:null_nights])], at0, at0)]
+    keys: list[tuple[float, int] | None] = [None]
+    for change in changes:
+        for landing in landings:
+            end = landing - 1 + max(WITHIN)
+            unchanged = [float(d.mean()) for d in drawn.nights[: landing - 1]]
+            changed = [float(d.mean()) * (1 + change) for d in drawn.nights[landing - 1 : end]]
+            at = at0 + landing - 1
+            series.append(([*before, *unchanged, *changed], at, max(at0, at - OTAVA_EARLY)))
+            keys.append((change, landing))
+    return series, keys
+
+
+# --------------------------------------------------------------------------- Otava
 
 
 def otava_python(given: Path | None) -> Path:
@@ -321,420 +435,351 @@ def otava_missing(python: Path) -> str | None:
     return None
 
 
-@dataclass
-class OtavaCost:
-    """What the Otava column cost: subprocess wall time, and Otava's own analysing time."""
-
-    trials: int = 0
-    analyses: int = 0
-    wall_s: float = 0.0
-    analysis_s: float = 0.0
-
-
-def otava_first(
-    python: Path, series: Sequence[Sequence[float]], cost: OtavaCost
-) -> list[int | None]:
-    """The first monitored night Otava flags in each series (nightly means, the reference
-    first), by one run of ``bridge.py`` under Otava's interpreter for all of them."""
+def otava_first(python: Path, series: Sequence[tuple[list[float], int, int]]) -> list[int | None]:
+    """For each (nightly means, index of the first monitored night, first index a change point
+    counts from): the first monitored night (1-based) Otava flags, by one run of ``bridge.py``
+    under Otava's interpreter for all of them."""
     request = {
-        "series": [[float(v) for v in values] for values in series],
-        "monitored_from": REFERENCE,
-        "counts_from": REFERENCE - OTAVA_EARLY,
+        "series": [[float(v) for v in values] for values, _, _ in series],
+        "monitored_from": [at for _, at, _ in series],
+        "counts_from": [counts for _, _, counts in series],
     }
-    started = time.monotonic()
     done = subprocess.run(
-        [str(python), str(OTAVA_BRIDGE)],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+        [str(python), str(OTAVA_BRIDGE)], input=json.dumps(request), capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"{OTAVA_BRIDGE.name} under {python} failed:\n{done.stderr}")
-    answer = json.loads(done.stdout)
-    first = [None if night is None else int(night) for night in answer["first"]]
+    first = [None if n is None else int(n) for n in json.loads(done.stdout)["first"]]
     if len(first) != len(series):
         raise SystemExit(f"{OTAVA_BRIDGE.name} answered {len(first)} series of {len(series)}")
-    cost.trials += len(series)
-    cost.analyses += int(answer["analyses"])
-    cost.wall_s += time.monotonic() - started
-    cost.analysis_s += float(answer["seconds"])
     return first
-
-
-@dataclass(frozen=True)
-class Oracle:
-    level: float  # the true expected log night mean of the unchanged build
-    sd: float
-    k: float
-    h: float
-
-
-def oracle_for(scenario: Scenario, seed: int) -> Oracle:
-    """The known-noise CUSUM: the level and SD of a night's log mean by simulation (200,000
-    nights), h for 3.5 % per 30 nights on 20,000 null paths."""
-    rng = np.random.default_rng([seed, 99])
-    nights = np.log(scenario.launches(rng, 200_000, MAX_RUNS).mean(axis=1))
-    level, sd = float(nights.mean()), float(nights.std())
-    k = abs(math.log1p(-CONFIG.min_change)) / (2 * sd)
-    clip = clip_for(k)  # as the detector clips (a quiet box's k exceeds Z_CLIP)
-    z = np.clip(rng.standard_normal((20_000, NULL_NIGHTS)), -clip, clip)
-    s, peak = np.zeros(z.shape[0]), np.zeros(z.shape[0])
-    for t in range(NULL_NIGHTS):
-        s = np.maximum(0.0, s - z[:, t] - k)
-        peak = np.maximum(peak, s)
-    h = max(float(np.quantile(peak, 1 - CONFIG.false_alarm)), clip - k)
-    return Oracle(level, sd, k, h)
-
-
-# --------------------------------------------------------------------------- one trial
-
-
-def trial(
-    scenario: Scenario,
-    change: float,
-    rng: np.random.Generator,
-    oracle: Oracle,
-    plan: SequentialPlan,
-    history_file: Path | None = None,
-) -> tuple[dict[str, int | None], list[float]]:
-    """The first night each rule flags (1-based from the change), None when not flagged; and
-    the nightly means of all the trial's nights to the horizon, for the rules judged later
-    (Otava). Nights after the other rules have all flagged are drawn from a child of ``rng``
-    (``spawn`` leaves ``rng``'s own stream as it was), so the other rules' figures do not depend
-    on whether the Otava column runs."""
-    base = scenario.launches(rng, BASELINE_LAUNCHES, BASELINE_RUNS)
-    baseline = list(base.ravel())
-    baseline_mean = float(base.mean())
-    history: list[dict[str, Any]] = []
-
-    def add(record: dict[str, Any]) -> None:
-        history.append(record)
-        if history_file is not None:
-            append_history(history_file, record)
-
-    means: list[float] = []
-    for index in range(REFERENCE):  # the reference nights: only their records matter here
-        runs = scenario.launches(rng, 1, MAX_RUNS)[0]
-        add(night_record(index, runs, "inconclusive", baseline_mean))
-        means.append(float(runs.mean()))
-    horizon = NULL_NIGHTS if change == 0 else CHANGE_NIGHTS
-    found: dict[str, int | None] = dict.fromkeys(RULES)
-    previous_fail = False
-    oracle_s = 0.0
-    for night in range(1, horizon + 1):
-        runs = scenario.launches(rng, 1, MAX_RUNS)[0] * (1.0 + change)
-        means.append(float(runs.mean()))
-        if history_file is not None:
-            history[:] = read_history(history_file)
-        prior = prior_for(history, metric="tok_s", **KEY)
-        old, new = gate(runs, baseline, plan, prior)
-        add(night_record(REFERENCE + night - 1, runs, new.value, baseline_mean))
-        series = series_from_history(history, metric="tok_s", **KEY)
-        values = np.log([n.mean for n in series if n.mean is not None])
-        flags = {
-            "new": new is Verdict.FAIL or detect(series, CONFIG).alarm,
-            "new, R=30": new is Verdict.FAIL
-            or detect(series[REFERENCE - SHORT.reference_nights :], SHORT).alarm,
-            "previous": old is Verdict.FAIL and previous_fail,
-            "mean:5%": float(runs.mean()) < 0.95 * baseline_mean,
-            "asv-style": asv_regression(values),
-        }
-        split = otava_split(values)
-        flags["Otava-like"] = split is not None and split >= REFERENCE - OTAVA_EARLY
-        clip = clip_for(oracle.k)
-        z = max(-clip, min(clip, (float(values[-1]) - oracle.level) / oracle.sd))
-        oracle_s = max(0.0, oracle_s - z - oracle.k)
-        flags["oracle"] = oracle_s > oracle.h
-        previous_fail = old is Verdict.FAIL
-        for rule, flagged in flags.items():
-            if flagged and found[rule] is None:
-                found[rule] = night
-        if all(value is not None for value in found.values()):
-            break
-    rest = horizon - (len(means) - REFERENCE)
-    if rest:
-        later = rng.spawn(1)[0]
-        means.extend(float(v) for v in scenario.launches(later, rest, MAX_RUNS).mean(axis=1)
-                     * (1.0 + change))  # fmt: skip
-    return found, means
 
 
 # --------------------------------------------------------------------------- tables
 
 
-def delay_cell(delays: Sequence[int | None], cap: int) -> str:
-    """Median and 95th percentile of the delay in nights, the latter with the order-statistic
-    95 % interval as its Monte Carlo error."""
-    n = len(delays)
-    values = np.sort([d if d is not None else math.inf for d in delays])
-
-    def at(q: float) -> float:
-        return float(values[min(n - 1, math.ceil(q * n) - 1)])
-
-    def text(value: float) -> str:
-        return f">{cap}" if math.isinf(value) else f"{value:.0f}"
-
-    spread = 1.96 * math.sqrt(n * 0.95 * 0.05)
-    low = float(values[max(0, math.floor(0.95 * n - spread) - 1)])
-    high = float(values[min(n - 1, math.ceil(0.95 * n + spread) - 1)])
-    return f"{text(at(0.5))} / {text(at(0.95))} ({text(low)}-{text(high)})"
-
-
-def rate_cell(hits: int, n: int) -> str:
+def rate(hits: int, n: int) -> str:
+    if n == 0:
+        return "-"
     p = hits / n
-    return f"{p:.1%} ±{math.sqrt(max(p * (1 - p), 1 / n) / n):.1%}"
+    return f"{p:.0%} ±{math.sqrt(max(p * (1 - p), 1 / n) / n):.0%}"
 
 
-def columns(otava: bool) -> list[str]:
-    """The rules as printed: Otava's own column beside its reimplementation, when it runs."""
-    if not otava:
-        return list(RULES)
-    at = RULES.index("Otava-like")
-    return [*RULES[:at], OTAVA, *RULES[at:]]
+def within_cell(delays: Sequence[int | str | None]) -> str:
+    """P(flagged within 7 / 14 / 28 nights) among the trials not alarmed before the landing."""
+    judged = [d for d in delays if d not in ("alarmed", "skipped")]
+    if not judged:
+        return "-"
+    parts = [
+        f"{sum(1 for d in judged if isinstance(d, int) and d <= n) / len(judged):.0%}"
+        for n in WITHIN
+    ]
+    return " / ".join(parts)
 
 
-def run(
-    scenarios: Sequence[Scenario],
-    trials: int,
-    seed: int,
-    history_file: Callable[[], Path] | None = None,
-    changes: Sequence[float] = (0.0, *CHANGES),
-    otava: Path | None = None,
-    cost: OtavaCost | None = None,
-) -> list[list[str]]:
-    """The table's rows; ``otava``: Otava's venv interpreter (None: no Otava column)."""
-    cost = cost if cost is not None else OtavaCost()
-    rules = columns(otava is not None)
-    plan = SequentialPlan(initial_runs=RUNS, max_runs=MAX_RUNS, alpha=ALPHA).for_baseline(
-        BASELINE_LAUNCHES * BASELINE_RUNS
+def delay_cell(delays: Sequence[int | str | None]) -> str:
+    """Median and 95th percentile of the delay (nights from the landing, 1 = that night)."""
+    judged = sorted(
+        d if isinstance(d, int) else math.inf for d in delays if d not in ("alarmed", "skipped")
     )
-    simulated: list[tuple[str, float, list[dict[str, int | None]], list[Sequence[float]]]] = []
-    for scenario in scenarios:
-        oracle = oracle_for(scenario, seed)
-        for change in changes:
-            rng = np.random.default_rng(
-                [seed, round(scenario.launch_cv * 1e4), round(-change * 1e3)]
-            )
-            done = [
-                trial(scenario, change, rng, oracle, plan,
-                      history_file() if history_file is not None and i == 0 else None)
-                for i in range(trials)
-            ]  # fmt: skip
-            results = [found for found, _ in done]
-            simulated.append((scenario.name, change, results, [means for _, means in done]))
-    if otava is not None:  # every row's series in one batch: one Otava process (1.4 CPU-s to start)
-        nights = otava_first(otava, [means for *_, series in simulated for means in series], cost)
-        for found, night in zip(
-            (found for _, _, results, _ in simulated for found in results), nights, strict=True
-        ):
-            found[OTAVA] = night
-    rows = []
-    for name, change, results, _ in simulated:
-        if change == 0:
-            cells = [rate_cell(sum(r[rule] is not None for r in results), trials)
-                     for rule in rules]  # fmt: skip
-            label = "false alarms / 30 nights"
-        else:
-            cells = [delay_cell([r[rule] for r in results], CHANGE_NIGHTS) for rule in rules]
-            label = f"{change:+.0%}: delay median / p95"
-        rows.append([name, label, *cells])
-    return rows
+    if not judged:
+        return "-"
+
+    def at(q: float) -> str:
+        value = judged[min(len(judged) - 1, math.ceil(q * len(judged)) - 1)]
+        return f">{max(WITHIN)}" if math.isinf(value) else f"{value:.0f}"
+
+    return f"{at(0.5)} / {at(0.95)}"
 
 
-def first_night(scenarios: Sequence[Scenario], trials: int, seed: int) -> list[list[str]]:
-    """P(FAIL) on the first night after a baseline recording (no history), at the seed's run CV
-    4 % (a measured scenario: its own), with today's 2 df and with the stated prior
-    (``launches.stated_prior``)."""
-    plan = SequentialPlan(initial_runs=RUNS, max_runs=MAX_RUNS, alpha=ALPHA).for_baseline(
-        BASELINE_LAUNCHES * BASELINE_RUNS
+def false_alarm_cells(
+    firsts: Sequence[int | None], windows: Sequence[tuple[int, int]]
+) -> list[str]:
+    """P(first flag in each window | none before it), as the share of checks."""
+    cells = []
+    for low, high in windows:
+        at_risk = [f for f in firsts if f is None or f >= low]
+        hits = sum(1 for f in at_risk if f is not None and f <= high)
+        cells.append(rate(hits, len(at_risk)))
+    return cells
+
+
+@dataclass(frozen=True)
+class Job:
+    """A chunk of one row's trials: ``trials`` of them from trial index ``first``."""
+
+    scenario: Scenario
+    earlier: int
+    trials: int
+    seed: int
+    changes: tuple[float, ...]
+    landings: tuple[int, ...]
+    null_nights: int
+    otava: Path | None
+    history_dir: str | None
+    comparator_trials: int
+    first: int = 0
+
+    @property
+    def row(self) -> tuple[str, int]:
+        return self.scenario.name, self.earlier
+
+
+def result_json(result: TrialResult) -> dict[str, Any]:
+    return {
+        "null_first": result.null_first,
+        "delays": [[change, landing, rules] for (change, landing), rules in result.delays.items()],
+        "otava_series": result.otava_series,
+        "otava_keys": result.otava_keys,
+    }
+
+
+def result_from_json(data: dict[str, Any]) -> TrialResult:
+    return TrialResult(
+        dict(data["null_first"]),
+        {(float(c), int(n)): dict(rules) for c, n, rules in data["delays"]},
+        [(list(v), int(a), int(b)) for v, a, b in data["otava_series"]],
+        [None if k is None else (float(k[0]), int(k[1])) for k in data["otava_keys"]],
     )
-    rows = []
-    for scenario in scenarios:
-        run_cv = scenario.run_cv if scenario.measured_run_cv else 0.04
-        seed_noise = Scenario(scenario.name, scenario.launch_cv, run_cv, scenario.launch_effects)
-        for change in (0.0, -0.29):
-            rng = np.random.default_rng([seed, 7, round(scenario.launch_cv * 1e4)])
-            fails = {"today": 0, "stated prior": 0}
-            count = trials * (3 if change == 0 else 1)  # 1 % needs more trials to show
-            for _ in range(count):
-                base = list(seed_noise.launches(rng, BASELINE_LAUNCHES, BASELINE_RUNS).ravel())
-                runs = seed_noise.launches(rng, 1, MAX_RUNS)[0] * (1 + change)
-                fails["today"] += gate(runs, base, plan, None)[0] is Verdict.FAIL
-                fails["stated prior"] += gate(runs, base, plan, stated_prior())[0] is Verdict.FAIL
-            rows.append([scenario.name, f"{change:+.0%}", *(rate_cell(v, count)
-                                                             for v in fails.values())])  # fmt: skip
-    return rows
 
 
-# --------------------------------------------------------------------------- end to end
-
-E2E_PROFILES = """
-[defaults]
-launcher = "sim"
-model_path = "/models/tiny-llm"
-startup_timeout = 60
-warmup_requests = 1
-
-[profiles.eagle3]
-extra_args = ["--sim-speed", "20", "--sim-load-seconds", "0.2", "--sim-noise-cv", "0.03",
-              "--sim-launch-cv", "LAUNCH_CV"]
-[profiles.eagle3.speculative]
-algorithm = "EAGLE3"
-draft_model_path = "/models/tiny-eagle3"
-num_steps = 2
-eagle_topk = 1
-num_draft_tokens = 3
-
-[workloads.nightly]
-prompt_set = "mixed"
-max_new_tokens = 96
-concurrency = 1
-requests_per_run = 2
-warmup_requests = 1
-"""
-
-E2E_TEST = """
-import pytest
-
-@pytest.mark.specdecode("eagle3", workload="nightly", tok_s=-0.05)
-def test_eagle3():
-    pass
-"""
-
-
-def end_to_end(
-    nights: int, change_night: int, reference: int, launch_cv: float, keep: Path | None = None
-) -> int:
-    """Nights through pytest and the simulated server, as a user's nightly job runs them: a
-    baseline over 3 launches, then one launch a night (``--sim-launch-cv``), the history
-    appended each night, a 10 % slower server (``SPECDECODE_SIM_SLOWDOWN``, fingerprint
-    unchanged) from ``change_night`` on. Prints each night's verdict and the detector's state;
-    returns 0 when the alarm fired on or after the change and never before it. ``keep``: where
-    to copy the history file at the end (the dashboard's test data is made this way)."""
-    work = Path(tempfile.mkdtemp(prefix="bench-nightly-e2e-"))
-    (work / "specdecode.toml").write_text(E2E_PROFILES.replace("LAUNCH_CV", str(launch_cv)))
-    (work / "test_nightly.py").write_text(E2E_TEST)
-    (work / "pytest.ini").write_text(
-        "[pytest]\nspecdecode_config = specdecode.toml\nspecdecode_baselines = baselines\n"
-    )
-    history = work / "history.jsonl"
-    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
-    env = {**os.environ, "PYTEST_SPECDECODE_STATE_DIR": str(work / "state")}
+def run_job(job: Job) -> tuple[Job, list[TrialResult], float]:
+    """The trials of one chunk (the trial index, not the chunk, seeds each trial: the figures
+    do not depend on how the trials are split among processes)."""
     started = time.monotonic()
-    subprocess.run(
-        [*base, "--update-baselines", "--specdecode-baseline-launches", "3",
-         "--specdecode-baseline-runs", "10", "--specdecode-force-baseline"],
-        cwd=work, env=env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    print(
-        f"end to end in {work}: simulated server, launch CV {launch_cv:.0%}, run CV 3%, "
-        f"baseline 3 launches x 10 runs, one launch of 10 runs a night, reference {reference} "
-        f"nights, 10 % slower from night {change_night} (all figures simulated)\n"
+    plan = SequentialPlan(initial_runs=RUNS, max_runs=MAX_RUNS, alpha=ALPHA).for_baseline(
+        BASELINE_LAUNCHES * BASELINE_RUNS
     )
-    rows, first_alarm = [], None
-    for night in range(1, nights + 1):
-        slow = night >= change_night
-        night_env = {**env, **({"SPECDECODE_SIM_SLOWDOWN": "1.111"} if slow else {})}
-        done = subprocess.run(
-            [*base, "--specdecode-runs", "10", "--specdecode-max-runs", "10",
-             f"--specdecode-history={history}", f"--specdecode-reference-nights={reference}"],
-            cwd=work, env=night_env, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        line = json.loads(history.read_text().splitlines()[-1])
-        (test,) = line["tests"]
-        state = test["crossnight"]["tok_s"]
-        if state["alarm"] and first_alarm is None:
-            first_alarm = night
-        rows.append([
-            night, "-10%" if slow else "", f"{test['metrics']['tok_s']['mean']:.0f}",
-            test["outcome"].upper(), done.returncode, state["status"],
-            f"{state['statistic']:.2f}" if state["threshold"] is not None else "-",
-            f"{state['threshold']:.2f}" if state["threshold"] is not None else "-",
-            f"{state['shift']:+.1%}" if state["shift"] is not None else "",
-        ])  # fmt: skip
-    headers = ["night", "change", "tok/s (sim)", "verdict", "exit", "detector", "CUSUM", "h"]
-    print(tabulate(rows, headers=[*headers, "shift"], tablefmt="github"))
-    held = first_alarm is not None and first_alarm >= change_night
-    if keep is not None:
-        keep.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(history, keep)
-        print(f"history of {nights} simulated nights copied to {keep}")
-    print(
-        f"\nfirst alarm: night {first_alarm} ({time.monotonic() - started:.0f} s)"
-        if first_alarm
-        else f"\nno alarm within {nights} nights ({time.monotonic() - started:.0f} s)"
-    )
-    return 0 if held else 1
+    oracle = oracle_for(job.scenario, job.seed)
+    results = []
+    for index in range(job.first, job.first + job.trials):
+        file = (
+            Path(job.history_dir) / f"{job.earlier}-{index}.jsonl"
+            if job.history_dir and index == 0
+            else None
+        )
+        results.append(trial(job.scenario, job.earlier, job.seed, index, oracle, plan,
+                             job.changes, job.landings, job.null_nights, file,
+                             index < job.comparator_trials))  # fmt: skip
+    return job, results, time.monotonic() - started
+
+
+def judge_otava(python: Path, results: Sequence[TrialResult]) -> None:
+    """Otava's first flags for a row's comparator trials, in one run of the bridge."""
+    flat = [item for r in results for item in r.otava_series]
+    found = iter(otava_first(python, flat))
+    for r in results:
+        for key in r.otava_keys:  # the comparator trials' (the others have none)
+            night = next(found)
+            if key is None:
+                r.null_first[OTAVA] = night
+            else:
+                r.delays[key][OTAVA] = night
+
+
+def chunks(job: Job, count: int) -> list[Job]:
+    """``job``'s trials in ``count`` chunks of consecutive trial indices."""
+    size = math.ceil(job.trials / count)
+    return [replace(job, first=start, trials=min(size, job.trials - start))
+            for start in range(0, job.trials, size)]  # fmt: skip
+
+
+def tables(job: Job, results: Sequence[TrialResult]) -> tuple[list[list[str]], list[list[str]]]:
+    rules = [*RULES, *([OTAVA] if job.otava is not None else [])]
+    history = f"{job.earlier} earlier nights" if job.earlier else "no history"
+    where = f"{job.scenario.name}, {history}"
+    windows = [w for w in WINDOWS if w[1] <= job.null_nights]
+    false_rows = [
+        [where, rule, *false_alarm_cells([r.null_first.get(rule) for r in results[:n]], windows)]
+        for rule in rules
+        for n in [len(results) if rule in ("new", "oracle") else job.comparator_trials]
+    ]
+    landing_rows = []
+    for change in job.changes:
+        for landing in job.landings:
+            cells = []
+            for rule in rules:
+                delays = [r.delays[change, landing].get(rule) for r in results]
+                left = sum(1 for d in delays if d == "alarmed")
+                cells.append(f"{within_cell(delays)} ({delay_cell(delays)})"
+                             + (f" [{left} out]" if left else ""))  # fmt: skip
+            landing_rows.append([where, f"{change:+.0%}", landing, *cells])
+    return false_rows, landing_rows
+
+
+# targets of issue 44: (launch CV, change, landing nights, within, probability, history needed)
+TARGETS = (
+    ("launch CV 3%", -0.10, (1, 2, 3, 5, 10, 30, 60, 91), 7, 0.90),
+    ("launch CV 3%", -0.05, (2,), 28, 0.70),
+    ("launch CV 3%", -0.05, (10, 30, 60, 91), 14, 0.90),
+    ("launch CV 5%", -0.10, (2,), 14, 0.75),
+    ("launch CV 5%", -0.10, (5, 10, 30, 60, 91), 14, 0.90),
+    ("launch CV 5%", -0.05, (10, 30, 60, 91), 28, 0.75),
+    ("launch CV 5%", -0.29, (1, 4), 1, 0.95),
+)
+
+
+def target_rows(done: Sequence[tuple[Job, list[TrialResult]]]) -> list[list[str]]:
+    """Each target of issue 44 against the new rule's figure, in every history condition run."""
+    rows = []
+    for job, results in done:
+        where = "no history" if not job.earlier else f"{job.earlier} earlier nights"
+        for name, change, landings, within, wanted in TARGETS:
+            if job.scenario.name != name or change not in job.changes:
+                continue
+            for landing in landings:
+                if landing not in job.landings:
+                    continue
+                delays = [r.delays[change, landing]["new"] for r in results]
+                judged = [d for d in delays if d != "alarmed"]
+                hits = sum(1 for d in judged if isinstance(d, int) and d <= within)
+                p = hits / len(judged) if judged else 0.0
+                rows.append([name, where, f"{change:+.0%}", landing, within,
+                             f">= {wanted:.0%}", rate(hits, len(judged)),
+                             "met" if p >= wanted else "MISSED"])  # fmt: skip
+    return rows
+
+
+def simulate(
+    jobs: Sequence[Job], processes: int, save: Path | None
+) -> list[tuple[Job, list[TrialResult], float]]:
+    """Run the chunks (in ``processes`` processes), each saved to ``save`` as it ends (a JSON
+    line: what was run and its trials, so a run cut short keeps what it did), and put each
+    row's chunks back together in trial order."""
+    finished: list[tuple[Job, list[TrialResult], float]] = []
+
+    def keep(item: tuple[Job, list[TrialResult], float]) -> None:
+        finished.append(item)
+        if save is not None:
+            job, results, cost = item
+            line = {"job": {**{k: getattr(job, k) for k in ("earlier", "trials", "seed",
+                    "changes", "landings", "null_nights", "comparator_trials", "first")},
+                    "scenario": vars(job.scenario)}, "cost": cost,
+                    "results": [result_json(r) for r in results]}  # fmt: skip
+            with save.open("a") as handle:
+                handle.write(json.dumps(line) + "\n")
+
+    if processes > 1:
+        with multiprocessing.Pool(processes) as pool:
+            for item in pool.imap_unordered(run_job, jobs):
+                keep(item)
+    else:
+        for job in jobs:
+            keep(run_job(job))
+    return merged(finished)
+
+
+def load(paths: Sequence[Path]) -> list[tuple[Job, list[TrialResult], float]]:
+    """Chunks saved with ``--save`` (by this machine or another, e.g. a lent GPU machine's 16
+    cores), put back together per row."""
+    finished = []
+    for path in paths:
+        for text in path.read_text().splitlines():
+            data = json.loads(text)
+            meta = data["job"]
+            job = Job(Scenario(**meta["scenario"]), meta["earlier"], meta["trials"], meta["seed"],
+                      tuple(meta["changes"]), tuple(meta["landings"]), meta["null_nights"], None,
+                      None, meta["comparator_trials"], meta["first"])  # fmt: skip
+            finished.append((job, [result_from_json(r) for r in data["results"]], data["cost"]))
+    return merged(finished)
+
+
+def merged(
+    finished: Sequence[tuple[Job, list[TrialResult], float]],
+) -> list[tuple[Job, list[TrialResult], float]]:
+    rows: dict[tuple[str, int], list[tuple[Job, list[TrialResult], float]]] = {}
+    for item in finished:
+        rows.setdefault(item[0].row, []).append(item)
+    out = []
+    for parts in rows.values():
+        parts.sort(key=lambda item: item[0].first)
+        results = [r for _, chunk, _ in parts for r in chunk]
+        job = replace(parts[0][0], first=0, trials=len(results))
+        out.append((job, results, sum(cost for _, _, cost in parts)))
+    return out
+
+
+def otava_only(job: Job, python: Path) -> tuple[list[list[str]], list[list[str]]]:
+    """Otava's column alone for a row's comparator trials: their nights drawn again (the same
+    streams as ``trial``; no rule is run) and judged by Otava here. For a row simulated on
+    another machine (``--save`` files over the device's size limit did not come back)."""
+    longest = max(job.null_nights, max(job.landings) + max(WITHIN) - 1)
+    results = []
+    for index in range(job.comparator_trials):
+        drawn = draw(job.scenario, job.earlier, job.seed, index, longest)
+        series, keys = otava_inputs(drawn, job.changes, job.landings, job.null_nights)
+        delays: dict[tuple[float, int], dict[str, int | str | None]] = {
+            key: {} for key in keys if key is not None
+        }
+        results.append(TrialResult({}, delays, series, keys))
+    judge_otava(python, results)
+    for r in results:  # Otava's first flag, counted from the landing night as every rule's
+        for (_change, _landing), rules in r.delays.items():
+            night = rules.get(OTAVA)
+            rules[OTAVA] = None if night is None or night > max(WITHIN) else night
+    history = f"{job.earlier} earlier nights" if job.earlier else "no history"
+    where = f"{job.scenario.name}, {history}"
+    windows = [w for w in WINDOWS if w[1] <= job.null_nights]
+    false_rows = [[where, OTAVA, *false_alarm_cells([r.null_first.get(OTAVA) for r in results],
+                                                    windows)]]  # fmt: skip
+    landing_rows = [
+        [where, f"{change:+.0%}", landing,
+         within_cell([r.delays[change, landing].get(OTAVA) for r in results])
+         + f" ({delay_cell([r.delays[change, landing].get(OTAVA) for r in results])})"]
+        for change in job.changes for landing in job.landings
+    ]  # fmt: skip
+    return false_rows, landing_rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=200)
-    parser.add_argument("--first-night-trials", type=int, default=400)
+    parser.add_argument("--trials", type=int, default=400)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--earlier", type=int, nargs="+", default=[30, 0],
+                        help="nights of an earlier regime before the reset (0: none)")  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=1, help="processes (rows run in parallel)")
+    parser.add_argument("--chunks", type=int, default=1,
+                        help="split each row's trials into this many chunks")  # fmt: skip
+    parser.add_argument("--save", type=Path, metavar="PATH",
+                        help="append each chunk's trials to PATH as it ends")  # fmt: skip
+    parser.add_argument("--load", type=Path, nargs="+", metavar="PATH",
+                        help="instead of simulating: the chunks saved with --save, judged by "
+                        "Otava here when its venv is, and printed")  # fmt: skip
+    parser.add_argument("--otava-only", action="store_true",
+                        help="only Otava's column, for the comparator trials (their nights are "
+                        "drawn again, no rule is run)")  # fmt: skip
+    parser.add_argument("--comparator-trials", type=int, default=100,
+                        help="trials on which the rule before and Otava are judged too "
+                        "(default 100; the new rule and the oracle: every trial)")  # fmt: skip
     parser.add_argument("--ci", action="store_true", help="a small, quick configuration")
-    parser.add_argument("--changes", type=float, nargs="+", default=[0.0, *CHANGES],
-                        help="true changes, 0 for the false-alarm row (default 0 -0.05 -0.1 "
-                        "-0.29)")  # fmt: skip
-    parser.add_argument("--no-first-night", action="store_true")
-    parser.add_argument("--no-otava", action="store_true",
-                        help="leave out the Otava column (no Otava venv needed)")  # fmt: skip
-    parser.add_argument("--otava-python", type=Path, metavar="PATH",
-                        help="Otava's venv interpreter (default: $SPECDECODE_OTAVA_PYTHON, else "
-                        f"where {OTAVA_BUILD} builds it)")  # fmt: skip
-    parser.add_argument("--scenario", action="append", default=[],
-                        help="NAME=LAUNCH_CV,RUN_CV: another box's noise")  # fmt: skip
-    parser.add_argument("--only", action="append", default=[], metavar="NAME",
-                        help="run only the scenarios of these names (e.g. 'measured H200 TP1 "
-                        "(EAGLE3 2-step)')")  # fmt: skip
-    parser.add_argument(
-        "--e2e",
-        type=int,
-        metavar="NIGHTS",
-        help="instead: run NIGHTS nights through pytest and the simulated "
-        "server (a 10%% drop from --e2e-change-night, --e2e-reference nights)",
-    )
-    parser.add_argument("--e2e-change-night", type=int, default=9)
-    parser.add_argument("--e2e-reference", type=int, default=6)
-    parser.add_argument("--e2e-launch-cv", type=float, default=0.03)
-    parser.add_argument("--e2e-history", type=Path, metavar="PATH",
-                        help="copy the --e2e nights' history file here at the end")  # fmt: skip
-    parser.add_argument("--measured", type=Path,
-                        help="JSON list of measured launch means of one build: their log "
-                        "deviations are resampled as launch effects")  # fmt: skip
-    args = parser.parse_args()
+    parser.add_argument("--changes", type=float, nargs="+", default=list(CHANGES))
+    parser.add_argument("--landings", type=int, nargs="+", default=list(LANDINGS))
+    parser.add_argument("--only", action="append", default=[], metavar="NAME")
+    parser.add_argument("--no-otava", action="store_true")
+    parser.add_argument("--otava-python", type=Path, metavar="PATH")
+    parser.add_argument("--e2e", action="store_true",
+                        help="instead: the user's path through pytest and the simulator "
+                        "(nightly_e2e.py)")  # fmt: skip
+    args, rest = parser.parse_known_args()
     if args.e2e:
-        raise SystemExit(
-            end_to_end(
-                args.e2e,
-                args.e2e_change_night,
-                args.e2e_reference,
-                args.e2e_launch_cv,
-                args.e2e_history,
-            )
-        )
-    scenarios = [*SCENARIOS, measured_h200("noise-eagle3-2")]
-    if not args.ci:
-        scenarios.append(measured_h200("noise-nospec"))
-    for text in args.scenario:
-        name, _, numbers = text.partition("=")
-        launch_cv, run_cv = (float(v) for v in numbers.split(","))
-        scenarios.append(Scenario(name, launch_cv, run_cv))
-    if args.measured is not None:
-        means = np.log(np.asarray(json.loads(args.measured.read_text()), dtype=float))
-        effects = tuple(float(v) for v in means - means.mean())
-        scenarios.append(Scenario(f"measured ({args.measured.name})", float(np.std(means)), 0.03,
-                                  effects))  # fmt: skip
+        raise SystemExit(nightly_e2e.main(rest))
+    if rest:
+        parser.error(f"unrecognised arguments: {' '.join(rest)}")
+    scenarios = [*SCENARIOS, measured_h200("noise-eagle3-2"), measured_h200("noise-nospec")]
     if args.only:
-        unknown = sorted(set(args.only) - {scenario.name for scenario in scenarios})
+        unknown = sorted(set(args.only) - {s.name for s in scenarios})
         if unknown:
-            parser.error(f"--only {unknown}: no such scenario; there are "
-                         f"{[scenario.name for scenario in scenarios]}")  # fmt: skip
-        scenarios = [scenario for scenario in scenarios if scenario.name in args.only]
-    trials, first_trials = (8, 40) if args.ci else (args.trials, args.first_night_trials)
+            parser.error(
+                f"--only {unknown}: no such scenario; there are {[s.name for s in scenarios]}"
+            )
+        scenarios = [s for s in scenarios if s.name in args.only]
+    trials, landings, changes, null_nights = args.trials, args.landings, args.changes, NULL_NIGHTS
+    if args.ci:
+        trials, landings, changes, null_nights = 3, [1, 10], [-0.10, -0.29], 40
+        scenarios = [s for s in scenarios if s.name in ("launch CV 5%", measured_h200().name)]
     otava: Path | None = None
-    if not args.no_otava:  # before the simulation: a missing venv stops it at once
+    if not args.no_otava:
         otava = otava_python(args.otava_python)
         why = otava_missing(otava)
         if why is not None:
@@ -744,47 +789,68 @@ def main() -> None:
                 "interpreter with --otava-python PATH, or leave the column out with --no-otava."
             )
     started = time.monotonic()
-    print(
-        f"one launch of {RUNS}..{MAX_RUNS} runs a night, run CV 3% (measured scenarios: "
-        f"their own), margin {MARGIN:+.0%}, "
-        f"baseline {BASELINE_LAUNCHES} launches x {BASELINE_RUNS} runs; detector: reference "
-        f"{REFERENCE} nights, min change {CONFIG.min_change:.0%}, false alarms "
-        f"{CONFIG.false_alarm:.1%} per {CONFIG.horizon} nights; {trials} trials per row\n"
-    )
-    cost = OtavaCost()
-    with tempfile.TemporaryDirectory() as directory:
-        history = (lambda: Path(directory) / "history.jsonl") if args.ci else None
-        rows = run(scenarios, trials, args.seed, history, args.changes, otava, cost)
-    headers = ["scenario", "row", *columns(otava is not None)]
-    print(tabulate(rows, headers=headers, tablefmt="github"))
-    if otava is None:
-        print(f"\n(no Otava column: --no-otava; {OTAVA_BUILD} builds its venv)")
-    else:
-        print(
-            f"\nOtava: Apache Otava {OTAVA_VERSION} ({otava}), `otava analyze`'s defaults, on "
-            f"each night's whole series: {cost.analyses} analyses for {cost.trials} trials, "
-            f"{cost.wall_s:.1f} s ({cost.wall_s / max(cost.trials, 1) * 1e3:.0f} ms a trial, "
-            f"{cost.analysis_s / max(cost.analyses, 1) * 1e3:.1f} ms an analysis)"
-        )
-    print(
-        f"\ndelays in nights from the change, median / 95th percentile (its 95 % Monte Carlo "
-        f"interval); >{CHANGE_NIGHTS}: not flagged within {CHANGE_NIGHTS} nights. The new "
-        f"rule's CUSUM is active after {REFERENCE} nights of reference (R=30: after 30).\n"
-    )
-    if args.no_first_night:
-        print(f"({time.monotonic() - started:.0f} s)")
+    if args.otava_only:
+        if otava is None:
+            parser.error("--otava-only needs Otava's venv")
+        comparator = min(trials, args.comparator_trials)
+        rows = [otava_only(Job(s, e, trials, args.seed, tuple(changes), tuple(landings),
+                               null_nights, otava, None, comparator), otava)
+                for s in scenarios for e in args.earlier]  # fmt: skip
+        windows = [f"nights {a}-{b}" for a, b in WINDOWS if b <= null_nights]
+        print(f"Apache Otava {OTAVA_VERSION}, `otava analyze`'s defaults, on the nights of the "
+              f"first {comparator} trials of each row (seed {args.seed})\n")  # fmt: skip
+        print(tabulate([r for f, _ in rows for r in f], headers=["scenario", "rule", *windows],
+                       tablefmt="github"))  # fmt: skip
+        print()
+        print(tabulate([r for _, lr in rows for r in lr],
+                       headers=["scenario", "change", "lands on night", OTAVA],
+                       tablefmt="github"))  # fmt: skip
+        print(f"\n({time.monotonic() - started:.0f} s)")
         return
-    first = first_night(scenarios, first_trials, args.seed)
+    if args.load:
+        done = load(args.load)
+        trials = max(job.trials for job, _, _ in done)
+        comparator = max(job.comparator_trials for job, _, _ in done)
+        null_nights = done[0][0].null_nights
+    else:
+        comparator = min(trials, args.comparator_trials)
+        with tempfile.TemporaryDirectory() as directory:
+            jobs = [Job(s, e, trials, args.seed, tuple(changes), tuple(landings), null_nights,
+                        None, directory if args.ci else None, comparator)
+                    for s in scenarios for e in args.earlier]  # fmt: skip
+            done = simulate([c for job in jobs for c in chunks(job, args.chunks)], args.jobs,
+                            args.save)  # fmt: skip
+    if otava is not None:
+        for _, results, _ in done:
+            judge_otava(otava, results)
+    done = [(replace(job, otava=otava), results, cost) for job, results, cost in done]
     print(
-        "first night after a baseline recording (3 launches x 60 runs, run CV 4 % or a measured "
-        "scenario's own, no history):"
+        f"one launch of {RUNS}..{MAX_RUNS} runs a night, run CV 3% (measured scenarios: their "
+        f"own), margin {MARGIN:+.0%}; a baseline of {BASELINE_LAUNCHES} launches x "
+        f"{BASELINE_RUNS} runs at a level {ACCEPTED:+.0%} from the earlier regime's; new rule: "
+        f"the gate OR the cross-night scan (false alarms {NEW.false_alarm:.1%} per "
+        f"{NEW.horizon} nights); {trials} trials per row for the new rule and the oracle, "
+        f"{comparator} for the rule before and Otava; seed {args.seed}\n"
     )
-    print(tabulate(first, headers=["scenario", "change", "FAIL today (2 df)",
-                                   "FAIL with the stated prior"], tablefmt="github"))  # fmt: skip
-    for k in (3, 6):
-        minutes = (k * LOAD_S + k * BASELINE_RUNS * RUN_S) / 60
-        print(f"recording a baseline: {k} launches x {BASELINE_RUNS} runs = {minutes:.0f} GPU min")
-    print(f"({time.monotonic() - started:.0f} s)")
+    rules = [*RULES, *([OTAVA] if otava is not None else [])]
+    windows = [f"nights {a}-{b}" for a, b in WINDOWS if b <= null_nights]
+    false_rows = [row for job, results, _ in done for row in tables(job, results)[0]]
+    print("false alarms: the share of checks with a false flag in each window after the reset "
+          "(among those with none before it)")  # fmt: skip
+    print(tabulate(false_rows, headers=["scenario", "rule", *windows], tablefmt="github"))
+    landing_rows = [row for job, results, _ in done for row in tables(job, results)[1]]
+    print(
+        "\nflagged within 7 / 14 / 28 nights of the landing night (median / p95 delay; "
+        f">{max(WITHIN)}: not within {max(WITHIN)}); [n out]: trials alarmed before the landing"
+    )
+    print(tabulate(landing_rows, headers=["scenario", "change", "lands on night", *rules],
+                   tablefmt="github"))  # fmt: skip
+    print("\nthe targets of issue 44 (the new rule):")
+    print(tabulate(target_rows([(j, r) for j, r, _ in done]),
+                   headers=["scenario", "history", "change", "lands on night", "within",
+                            "target", "measured", ""], tablefmt="github"))  # fmt: skip
+    cost = ", ".join(f"{j.scenario.name}/{j.earlier}: {s:.0f} s" for j, _, s in done)
+    print(f"\n({time.monotonic() - started:.0f} s; {cost})")
 
 
 if __name__ == "__main__":

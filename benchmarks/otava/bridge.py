@@ -3,8 +3,9 @@ interpreter (``scripts/provision-otava.sh``), not the plugin's: it imports nothi
 pytest_specdecode, and numpy only through Otava.
 
 stdin: one JSON object, ``{"series": [[night mean, ...], ...], "monitored_from": R,
-"counts_from": I}``: each series is one trial's nightly means (tok/s, higher is better) in night
-order; nights ``0..R-1`` are the reference, and night ``R + n - 1`` is monitored night ``n``.
+"counts_from": I}`` (R and I: one number for every series, or a list of one per series): each
+series is one trial's nightly means (tok/s, higher is better) in night order; nights
+``0..R-1`` come before, and night ``R + n - 1`` is monitored night ``n``.
 
 stdout: one JSON object, ``{"first": [n or null, ...], "analyses": A, "seconds": S, "otava":
 VERSION, "options": {...}}``: per series, the first monitored night ``n`` on which Otava, given
@@ -69,12 +70,16 @@ def main() -> None:
     options = AnalysisOptions()
     started = time.perf_counter()
     first, analyses = [], 0
-    for values in request["series"]:
+    count_series = len(request["series"])
+    monitored, counts = (
+        value if isinstance(value, list) else [value] * count_series
+        for value in (request["monitored_from"], request["counts_from"])
+    )
+    for values, monitored_from, counts_from in zip(
+        request["series"], monitored, counts, strict=True
+    ):
         night, count = first_alarm(
-            [float(v) for v in values],
-            int(request["monitored_from"]),
-            int(request["counts_from"]),
-            options,
+            [float(v) for v in values], int(monitored_from), int(counts_from), options
         )
         first.append(night)
         analyses += count
