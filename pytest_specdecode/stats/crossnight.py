@@ -49,6 +49,7 @@ import numpy as np
 from pytest_specdecode.stats.changepoint import ChangePoint, e_divisive
 from pytest_specdecode.stats.distributions import f_isf, t_isf
 from pytest_specdecode.stats.scan import (
+    ScanPath,
     ScanPlan,
     first_crossing,
     grid_k,
@@ -252,68 +253,92 @@ class _Noise:
     carried: bool = False  # from earlier regimes of the series (else a stated prior, or none)
 
 
+@dataclass(frozen=True)
+class _Regime:
+    """The points since the last acknowledged change, log scale, higher is better: the
+    recorded baseline's launch means first, then the measured nights (``indices`` in the input)."""
+
+    since: int
+    indices: list[int]
+    values: list[float]
+    launches: int
+    points: np.ndarray
+    opened_by: str | None
+    sign: float
+
+    @classmethod
+    def of(cls, nights: Sequence[Night], config: DetectorConfig) -> _Regime:
+        sign = 1.0 if config.higher_is_better else -1.0
+        since = _since(nights)
+        opening = nights[since - 1] if since else None
+        launch_points = [_log(v, sign) for v in (opening.launch_means if opening else ()) if v > 0]
+        indices = [i for i in range(since, len(nights)) if _measured(nights[i])]
+        values = [_log(float(nights[i].mean or 1.0), sign) for i in indices]
+        opened_by = (opening.note or "an acknowledged change") if opening else None
+        points = np.array([*launch_points, *values])
+        return cls(since, indices, values, len(launch_points), points, opened_by, sign)
+
+
 def detect(nights: Sequence[Night], config: DetectorConfig | None = None) -> CrossNightState:
     """The detector's state after the last of ``nights`` (oldest first; module docstring)."""
     config = config or DetectorConfig()
-    sign = 1.0 if config.higher_is_better else -1.0
-    since = _since(nights)
-    opening = nights[since - 1] if since else None
-    launch_points = [_log(v, sign) for v in (opening.launch_means if opening else ()) if v > 0]
-    indices = [i for i in range(since, len(nights)) if _measured(nights[i])]
-    values = [_log(float(nights[i].mean or 1.0), sign) for i in indices]
-    points = np.array([*launch_points, *values])
-    launches = len(launch_points)
-    opened_by = (opening.note or "an acknowledged change") if opening else None
+    regime = _Regime.of(nights, config)
     state = CrossNightState(
-        status="warming up", reason="", since=since, nights=len(indices), launches=launches,
-        reference_nights=config.reference_nights, level=None, sigma=None, sigma_df=None,
-        sigma_source="", k=None, h=None, statistic=0.0, statistic_up=0.0, alarm=False,
-        direction=None, alarm_index=None, start_index=None, shift=None, shift_low=None,
-        shift_high=None, opened_by=opened_by,
+        status="warming up", reason="", since=regime.since, nights=len(regime.indices),
+        launches=regime.launches, reference_nights=config.reference_nights, level=None,
+        sigma=None, sigma_df=None, sigma_source="", k=None, h=None, statistic=0.0,
+        statistic_up=0.0, alarm=False, direction=None, alarm_index=None, start_index=None,
+        shift=None, shift_low=None, shift_high=None, opened_by=regime.opened_by,
     )  # fmt: skip
-    if not indices:
-        return replace(state, reason="no night measured since " + (opened_by or "the start"))
-    noise = _noise_before(nights[:since], nights[since:], sign, config)
-    noise, conflict = _unless_contradicted(noise, points)
+    if not regime.indices:
+        return replace(state, reason=f"no night measured since {regime.opened_by or 'the start'}")
+    noise = _noise_before(nights[: regime.since], nights[regime.since :], regime.sign, config)
+    noise, conflict = _unless_contradicted(noise, regime.points)
     learn = not noise.carried
-    own_df = 2.0 * (points.size - 1) / 3.0 if learn else 0.0
-    if noise.df + own_df <= 0 or (launches == 0 and len(values) < 2):
-        return replace(state, reason=_waiting_reason(launches, values, noise))
-    floor = _sigma_floor([nights[i] for i in indices])
-    rough = _pooled_sd(points, noise, learn)
-    k = grid_k(abs(math.log1p(-config.min_change)) / (2.0 * max(rough, floor)))
+    own_df = 2.0 * (regime.points.size - 1) / 3.0 if learn else 0.0
+    if noise.df + own_df <= 0 or (regime.launches == 0 and len(regime.values) < 2):
+        return replace(state, reason=_waiting_reason(regime.launches, regime.values, noise))
+    floor = _sigma_floor([nights[i] for i in regime.indices])
+    rough = _pooled_sd(regime.points, noise, learn)
     plan = ScanPlan(
-        launches=launches,
-        k=k,
+        launches=regime.launches,
+        k=grid_k(abs(math.log1p(-config.min_change)) / (2.0 * max(rough, floor))),
         extra_df=max(d for d in _DF_GRID if d <= noise.df),
         window=config.reference_nights,
         false_alarm=config.false_alarm,
         horizon=config.horizon,
         learn=learn,
     )
-    found = thresholds(plan)
-    path = scan(points[None, :], launches, k, config.reference_nights, np.array([noise.ss]),
+    path = scan(regime.points[None, :], plan.launches, plan.k, plan.window, np.array([noise.ss]),
                 noise.df, sigma_floor=floor, learn=learn)  # fmt: skip
-    down, up = path.down[0], path.up[0]
-    tonight = len(values)
-    sigma = float(path.sigma[0, -1])
-    source = noise.source + (f"; {conflict}" if conflict else "")
+    tonight = len(regime.values)
     state = replace(
         state,
         status="watching",
-        reason=f"judged on the {tonight} nights since {opened_by or 'the start of the history'}",
-        level=math.exp(sign * float(points.mean())),
-        sigma=sigma,
+        reason=f"judged on the {tonight} nights since {regime.opened_by or 'the start'}",
+        level=math.exp(regime.sign * float(regime.points.mean())),
+        sigma=float(path.sigma[0, -1]),
         sigma_df=float(path.df[0, -1]),
-        sigma_source=source,
-        k=k,
-        h=threshold_at(found, tonight),
-        statistic=max(0.0, float(down[-1])),
-        statistic_up=max(0.0, float(up[-1])),
+        sigma_source=noise.source + (f"; {conflict}" if conflict else ""),
+        k=plan.k,
+        h=threshold_at(thresholds(plan), tonight),
+        statistic=max(0.0, float(path.down[0, -1])),
+        statistic_up=max(0.0, float(path.up[0, -1])),
         plan=plan,
     )
-    regression = first_crossing(down, found)
-    improvement = first_crossing(up, found)
+    return _alarmed(state, regime, path, config)
+
+
+def _alarmed(
+    state: CrossNightState, regime: _Regime, path: ScanPath, config: DetectorConfig
+) -> CrossNightState:
+    """``state`` with the alarm, when either side's statistic crossed its threshold on some
+    night: its side, the night it crossed, the estimated start and size of the change."""
+    if state.plan is None or state.sigma is None or state.sigma_df is None:
+        return state  # not judged: nothing to alarm on
+    found = thresholds(state.plan)
+    regression = first_crossing(path.down[0], found)
+    improvement = first_crossing(path.up[0], found)
     if regression is None and improvement is None:
         return state
     # A regression crossing alarms whatever the improvement side did (an improvement, then a
@@ -322,23 +347,22 @@ def detect(nights: Sequence[Night], config: DetectorConfig | None = None) -> Cro
     assert first is not None
     side = path.start if regression is not None else path.start_up
     began = int(side[0, -1]) - 1  # 0-based, among the nights since the change
-    shift, low, high = _shift(
-        path.clipped[0], launches, began, config.reference_nights, sigma, float(path.df[0, -1])
-    )
     chosen = None
     if config.attribute:
-        split = _nearest(e_divisive(np.array(values)), began)
-        if split is not None and (0 if launches else 1) <= split.index <= first:
+        split = _nearest(e_divisive(np.array(regime.values)), began)
+        if split is not None and (0 if regime.launches else 1) <= split.index <= first:
             chosen, began = split, split.index
+    shift, low, high = _shift(path.clipped[0], regime.launches, began, config.reference_nights,
+                              state.sigma, state.sigma_df)  # fmt: skip
     return replace(
         state,
         status="alarm",
         alarm=regression is not None,
         direction="regression" if regression is not None else "improvement",
-        alarm_index=indices[first],
-        start_index=indices[began],
+        alarm_index=regime.indices[first],
+        start_index=regime.indices[began],
         changepoint=chosen,
-        changepoint_index=indices[chosen.index] if chosen is not None else None,
+        changepoint_index=regime.indices[chosen.index] if chosen is not None else None,
         shift=shift,
         shift_low=low,
         shift_high=high,
