@@ -14,6 +14,7 @@ can fail it. The same history without the drop, and tonight at full speed, must 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import math
 import os
@@ -160,30 +161,24 @@ def test_the_same_nights_without_a_drop_stay_green_and_say_what_the_detector_see
     assert 0 < within["28"] < within["14"] < within["7"] < 0.5
 
 
-LAUNCHES = """
-[defaults]
-launcher = "sim"
-model_path = "/models/tiny-llm"
-startup_timeout = 60
-warmup_requests = 1
-
-[profiles.eagle3]
-extra_args = ["--sim-speed", "20", "--sim-load-seconds", "0.2", "--sim-noise-cv", "0.03",
-              "--sim-launch-cv", "0.03"]
-[profiles.eagle3.speculative]
-algorithm = "EAGLE3"
-draft_model_path = "/models/tiny-eagle3"
-num_steps = 2
-eagle_topk = 1
-num_draft_tokens = 3
-"""
+def _launches_profiles() -> str:
+    """The profile file of the user's path (benchmarks/nightly_e2e.py), its launches varying
+    at 3 %: one file for the bench and this test."""
+    spec = importlib.util.spec_from_file_location(
+        "nightly_e2e", REPO / "benchmarks" / "nightly_e2e.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.PROFILES).replace("LAUNCH_CV", "0.03")
 
 
 def test_the_first_night_after_a_baseline_is_watched_with_its_launches(project: Project) -> None:
     """No 90-night wait: the night after --update-baselines (3 launches, launches that vary)
     is judged against the baseline's launches, with the stated prior for the noise (no
     history before it), and the session says what the detector can see from here."""
-    project.profiles(LAUNCHES)
+    project.profiles(_launches_profiles())
     project.tests(TESTS.replace('workload="fast", ', ""))
     history = project.path / "history.jsonl"
     recording = ("--update-baselines", "--specdecode-baseline-launches", "3",
