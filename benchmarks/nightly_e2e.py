@@ -56,12 +56,13 @@ requests_per_run = 2
 warmup_requests = 1
 """
 
-# The claim tolerates a 12 % loss, so that the nightly gate alone would stay green through a
-# 10 % drop: what turns the job red here is the cross-night detector.
+# The claim tolerates a 25 % loss, so that the nightly gate stays green through the drop (a
+# 10-15 % one) before and after it is acknowledged: what turns the job red here is the
+# cross-night detector, and what turns it green again is the acknowledgement alone.
 TEST = """
 import pytest
 
-@pytest.mark.specdecode("eagle3", workload="nightly", tok_s=-0.12)
+@pytest.mark.specdecode("eagle3", workload="nightly", tok_s=-0.25)
 def test_eagle3():
     pass
 """

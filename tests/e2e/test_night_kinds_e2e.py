@@ -58,9 +58,14 @@ def recorded(project: Project) -> Project:
     return project
 
 
+@pytest.mark.quiet_machine  # a size of change read off the client's clock, against 5 runs
 def test_a_slower_build_keeps_pytests_status_unless_the_night_asks_for_its_own_benchmark(
-    project: Project,
+    quiet_project: Project,
 ) -> None:
+    # on the quiet profiles, alone: a baseline of 5 runs recorded beside the parallel run's
+    # load measured at CV 18% and a twice slower build as -21%, INCONCLUSIVE (a CI run of
+    # 2026-12-06 on a loaded machine)
+    project = quiet_project
     recorded(project)
     slow = {"SPECDECODE_SIM_SLOWDOWN": "2"}  # the build twice as slow: FAIL at -10%
 
