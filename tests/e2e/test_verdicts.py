@@ -93,15 +93,17 @@ def test_record_then_a_clean_pass_with_the_table(quiet_project: Project) -> None
     assert quiet_project.sim_processes() == []
 
 
-@pytest.mark.quiet_machine  # a 6% slowdown measured live: tests/conftest.py says why
-def test_a_6_percent_slowdown_fails_exactly_the_affected_test(quiet_project: Project) -> None:
-    # "At most 1% slower": a 6% slowdown is then 4-5% beyond the margin, several times the
-    # confidence interval's half-width at the 1-3% run-to-run CV of a busy 2-core box.
+@pytest.mark.quiet_machine  # a 10% slowdown measured live: tests/conftest.py says why
+def test_a_10_percent_slowdown_fails_exactly_the_affected_test(quiet_project: Project) -> None:
+    # "At most 1% slower": a 10% slowdown is then 8-9% beyond the margin, several times the
+    # confidence interval's half-width even when the first test's baseline runs are noisy (CI
+    # once recorded them at CV 4.4% on a shared 2-core box, and a 6% slowdown measured
+    # INCONCLUSIVE against them: 4-5% beyond the margin was too close to call, rightly).
     quiet_project.tests(SUITE.replace("tok_s=-0.10", "tok_s=-0.01"))
     quiet_project.run(*RECORD).assert_outcomes(passed=4)
 
     more = ("--specdecode-runs", "4", "--specdecode-max-runs", "10")
-    slow = quiet_project.run_with_env({"SPECDECODE_SIM_SLOWDOWN": "1.06"}, *more)
+    slow = quiet_project.run_with_env({"SPECDECODE_SIM_SLOWDOWN": "1.10"}, *more)
     # Only the test whose margin the regression exceeds fails; the session goes on.
     slow.assert_outcomes(failed=1, passed=3)
     slow.stdout.fnmatch_lines(["FAILED test_perf.py::test_nospec_throughput - *"])
@@ -126,7 +128,7 @@ def test_a_6_percent_slowdown_fails_exactly_the_affected_test(quiet_project: Pro
     ratio = float(match["ratio"])
     assert float(match["low"]) <= ratio <= float(match["high"]) < 0.99
     assert ratio == pytest.approx(float(match["cur"]) / float(match["base"]), abs=0.002)
-    assert 0.90 < ratio < 0.98  # a 6% slower model, plus a little unchanged HTTP overhead
+    assert 0.86 < ratio < 0.95  # a 10% slower model, plus a little unchanged HTTP overhead
     assert 4 <= int(match["n"]) <= 10
     assert "Traceback" not in text
 
