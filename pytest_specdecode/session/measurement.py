@@ -40,6 +40,7 @@ from pytest_specdecode.session.cross_night import (
 from pytest_specdecode.session.machine_load import (
     LoadSampler,
     comparison_warnings,
+    held_back_by_load,
     recording_warning,
 )
 from pytest_specdecode.settings import Settings
@@ -197,6 +198,7 @@ class Measurer:
             warnings.extend([busy] if busy is not None else [])
         else:
             warnings.extend(comparison_warnings(machine, spec.thresholds, refs))
+            checks = held_back_by_load(checks, machine)
         launches = launches_for(settings, launch_varies) if updating else 1
         crossnight: dict[str, Any] = {}
         if updating:

@@ -76,3 +76,35 @@ def test_a_baseline_records_the_load_and_a_much_busier_run_warns(project: Projec
     similar = project.run_with_env({**MEASURE, "FAKE_RUNNABLE": "2"}, "--specdecode-runs", "3")
     assert similar.ret == 0, similar.stdout.str()
     assert WARNING not in similar.stdout.str()
+
+
+def test_a_slowdown_measured_on_a_much_busier_machine_is_not_called_a_fail(
+    project: Project,
+) -> None:
+    """The same build a third slower, measured twice against a baseline recorded idle: beside
+    three runnable tasks per CPU the FAIL is held back (INCONCLUSIVE, saying why), on an idle
+    machine it stands."""
+    project.pytester.makeconftest(FAKE_LOAD_CONFTEST)
+    project.tests(ONE_TEST.replace("tok_s=-0.90", "tok_s=-0.03"))
+    recorded = project.run_with_env(
+        {**MEASURE, "FAKE_RUNNABLE": "1"}, "--update-baselines", "--specdecode-baseline-runs", "5"
+    )
+    recorded.assert_outcomes(passed=1)
+
+    slower = {**MEASURE, "SPECDECODE_SIM_SLOWDOWN": "1.5"}
+    args = ("--specdecode-runs", "5", "--specdecode-report", "report.json")
+    busy = project.run_with_env({**slower, "FAKE_RUNNABLE": "7"}, *args)
+    busy.assert_outcomes(xfailed=1)
+    (test,) = json.loads((project.path / "report.json").read_text())["tests"]
+    assert test["outcome"] == "inconclusive", test
+    (check,) = test["checks"]
+    assert check["verdict"] == "inconclusive"
+    assert check["ratio"] < 0.9  # measured well below the margin, and still not called
+    held = "Not called a FAIL: measured at 3.00 runnable tasks per CPU against 0.00 when its "
+    assert [w for w in check["warnings"] if w.startswith(held)], check["warnings"]
+
+    idle = project.run_with_env({**slower, "FAKE_RUNNABLE": "1"}, *args)
+    idle.assert_outcomes(failed=1)
+    (test,) = json.loads((project.path / "report.json").read_text())["tests"]
+    assert test["outcome"] == "fail"
+    assert not [w for w in test["checks"][0]["warnings"] if w.startswith("Not called")]

@@ -14,12 +14,14 @@ from pytest_specdecode.session.machine_load import (
     LoadSampler,
     MachineLoad,
     comparison_warnings,
+    held_back_by_load,
     load_warning,
     loads_differ,
     recording_warning,
 )
 from pytest_specdecode.settings import resolve
-from pytest_specdecode.verdict import BaselineRef, Threshold
+from pytest_specdecode.stats.comparison import Verdict
+from pytest_specdecode.verdict import BaselineRef, Check, Threshold, evaluate, outcome_of
 
 
 def load(per_cpu: float | None, cpus: int = 2) -> MachineLoad:
@@ -103,6 +105,39 @@ def test_only_timed_metrics_against_compared_baselines_are_warned_about() -> Non
     against = [Threshold("tok_s", 0.05, "nospec"), Threshold("tok_s", 0.05, "eagle")]
     assert comparison_warnings(quiet, against, refs) == []
     assert comparison_warnings(None, tok_s_twice, refs) == []  # --specdecode-machine-load off
+
+
+def _checks(baseline_load: dict[str, float] | None, metric: str = "tok_s") -> tuple[Check, ...]:
+    """A 10% drop against a -3% margin, measured tightly enough to FAIL."""
+    baseline = [100.0 + 0.3 * (i % 5) for i in range(20)]
+    current = [90.0 + 0.3 * (i % 5) for i in range(10)]
+    ref = BaselineRef("its own baseline", {metric: baseline}, machine_load=baseline_load)
+    return evaluate([Threshold(metric, -0.03)], {metric: current}, {None: ref}, alpha=0.05,
+                    method="welch-log")  # fmt: skip
+
+
+def test_a_fail_measured_on_a_much_busier_machine_is_not_called() -> None:
+    quiet = {"cpus": 2, "runnable_per_cpu": 0.11}
+    checks = _checks(quiet)
+    assert outcome_of(checks).name == "FAIL"
+    held = held_back_by_load(checks, load(4.9))
+    assert held[0].verdict is Verdict.INCONCLUSIVE
+    assert outcome_of(held).name == "INCONCLUSIVE"
+    text = held[0].describe()
+    assert "Not called a FAIL: measured at 4.90 runnable tasks per CPU against 0.11 when its " \
+        "own baseline was recorded" in text  # fmt: skip
+    # Loads the rule calls alike, a busier baseline (which only hides slowdowns), an unknown
+    # load on either side, a token count: the FAIL stands.
+    assert held_back_by_load(checks, load(0.9)) == checks
+    assert held_back_by_load(_checks({"cpus": 2, "runnable_per_cpu": 1.5}), load(2.2))[0].verdict \
+        is Verdict.FAIL  # fmt: skip
+    assert held_back_by_load(_checks({"cpus": 2, "runnable_per_cpu": 4.0}), load(0.1))[0].verdict \
+        is Verdict.FAIL  # fmt: skip
+    assert held_back_by_load(_checks(None), load(4.9))[0].verdict is Verdict.FAIL
+    assert held_back_by_load(checks, None) == checks
+    assert held_back_by_load(checks, load(None)) == checks
+    counted = _checks(quiet, metric="accept_length")
+    assert held_back_by_load(counted, load(4.9))[0].verdict is Verdict.FAIL
 
 
 def test_recording_on_a_saturated_machine_is_said() -> None:
