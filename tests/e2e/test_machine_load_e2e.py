@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+import pytest
+
 if TYPE_CHECKING:
     from conftest import Project
 
@@ -78,12 +80,16 @@ def test_a_baseline_records_the_load_and_a_much_busier_run_warns(project: Projec
     assert WARNING not in similar.stdout.str()
 
 
+@pytest.mark.quiet_machine  # the held-back case needs a live FAIL first: tests/conftest.py
 def test_a_fail_the_load_could_explain_is_held_back_and_one_beyond_it_stands(
     project: Project,
 ) -> None:
-    """Against a baseline recorded idle: the build 13% slower, measured beside 13 runnable
-    tasks per CPU (up to 25% the load's), is not called a FAIL (INCONCLUSIVE, saying why); the
-    build a third slower beside 3 tasks per CPU (up to 6%) FAILs all the same."""
+    """Against a baseline recorded idle: the build a quarter slower, measured beside 13
+    runnable tasks per CPU (up to 25% the load's), is not called a FAIL (INCONCLUSIVE, saying
+    why); the build a third slower beside 3 tasks per CPU (up to 6%) FAILs all the same. The
+    first needs the measurement itself to FAIL: in the parallel run of CI's two busy cores a 13%
+    slowdown once measured an upper bound of 1.009, INCONCLUSIVE with nothing to hold back, so
+    this test measures on the quiet machine."""
     project.pytester.makeconftest(FAKE_LOAD_CONFTEST)
     project.tests(ONE_TEST.replace("tok_s=-0.90", "tok_s=-0.03"))
     recorded = project.run_with_env(
@@ -93,7 +99,7 @@ def test_a_fail_the_load_could_explain_is_held_back_and_one_beyond_it_stands(
     args = ("--specdecode-runs", "8", "--specdecode-report", "report.json")
 
     busy = project.run_with_env(
-        {**MEASURE, "SPECDECODE_SIM_SLOWDOWN": "1.15", "FAKE_RUNNABLE": "27"}, *args
+        {**MEASURE, "SPECDECODE_SIM_SLOWDOWN": "1.3", "FAKE_RUNNABLE": "27"}, *args
     )
     busy.assert_outcomes(xfailed=1)
     (test,) = json.loads((project.path / "report.json").read_text())["tests"]
