@@ -90,7 +90,9 @@ def test_the_nightly_bench_prints_every_rule_side_by_side(otava_python: Path | N
         for scenario in ("launch CV 5%", "measured H200 TP1 (EAGLE3 2-step)")
         for history in ("30 earlier nights", "no history")
     }, out
-    assert {row[1] for row in rows} == set(rules), out
+    # the new rule's false alarms split by what raised them: the gate's and the scan's share
+    sources = ["new: the gate alone", "new: the scan alone"]
+    assert {row[1] for row in rows} == {*rules, *sources}, out
     header, rows = _table(out, "flagged within 7 / 14 / 28 nights")
     assert header == ["scenario", "change", "lands on night", *rules], out
     cells = {(row[0], row[1], row[2]): dict(zip(rules, row[3:], strict=True)) for row in rows}
@@ -107,6 +109,41 @@ def test_the_nightly_bench_prints_every_rule_side_by_side(otava_python: Path | N
     header, rows = _table(out, "the targets of issue 44")
     assert header[:5] == ["scenario", "history", "change", "lands on night", "within"], out
     assert rows, out
+
+
+def test_a_false_fail_before_the_landing_neither_counts_nor_hides_the_drops_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An unchanged build FAILs on night 3 (a half-warm launch, 50 % slow); a FAIL does not stay,
+    # so the -29 % drop landing on night 5 must count as flagged the night it lands. Until
+    # 2026-12-07 the bench kept only each rule's first flag ever, and such a trial counted as
+    # never flagged (the -29 % drop landing on night 91: "96%" where every drop FAILed).
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import bench_nightly as bench
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    level = np.full((1, bench.MAX_RUNS), bench.LEVEL)
+    nights = np.repeat(level, 40, axis=0)  # the landing night and 28 after it
+    nights[2] *= 0.5  # night 3
+
+    def drawn(*_: object) -> object:
+        base = np.repeat(np.full((1, bench.BASELINE_RUNS), bench.LEVEL), 3, axis=0)
+        return bench.Drawn(np.zeros((0, 0)), [], base, nights)
+
+    def gate(runs: np.ndarray, baseline: list[float], *_: object, **__: object) -> tuple:
+        slow = float(np.mean(runs)) < 0.85 * float(np.mean(baseline))
+        verdict = bench.Verdict.FAIL if slow else bench.Verdict.INCONCLUSIVE
+        return verdict, len(runs)
+
+    monkeypatch.setattr(bench, "draw", drawn)
+    monkeypatch.setattr(bench, "gate", gate)
+    scenario = bench.SCENARIOS[0]
+    plan = bench.SequentialPlan(initial_runs=5, max_runs=bench.MAX_RUNS, alpha=bench.ALPHA)
+    result = bench.trial(scenario, 0, 1, 0, bench.oracle_for(scenario, 1), plan, (-0.29,), (5,),
+                         10, comparators=False)  # fmt: skip
+    assert result.null_first["new: the gate alone"] == 3  # the false FAIL, on the null path
+    assert result.delays[-0.29, 5]["new"] == 1
 
 
 def test_without_otavas_venv_the_bench_says_how_to_build_it_and_stops(tmp_path: Path) -> None:
