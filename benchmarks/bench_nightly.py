@@ -285,21 +285,20 @@ class Branch:
         z = (math.log(float(runs[:n].mean())) - oracle.level) / oracle.sd
         z = max(-clip_for(oracle.k), min(clip_for(oracle.k), z))
         self.oracle_s = max(0.0, self.oracle_s - z - oracle.k)
-        flags = {
-            "new": (verdict is Verdict.FAIL or new_alarm, new_alarm),
+        gate_fail = verdict is Verdict.FAIL
+        flags = {  # (flagged tonight, a cross-night alarm tonight); the sources: null path only
+            "new": (gate_fail or new_alarm, new_alarm),
             "90-night rule": (old is Verdict.FAIL or old_alarm, old_alarm),
             "oracle": (self.oracle_s > oracle.h, self.oracle_s > oracle.h),
+            SOURCES[0]: (gate_fail, False),
+            SOURCES[1]: (new_alarm, False),
         }
         for rule, (flagged, alarm) in flags.items():
             if flagged and self.first[rule] is None:
                 self.first[rule] = night
             if alarm and self.alarmed[rule] is None:
                 self.alarmed[rule] = night
-        sources = dict(zip(SOURCES, (verdict is Verdict.FAIL, new_alarm), strict=True))
-        for source, flagged in sources.items():
-            if flagged and self.first[source] is None:
-                self.first[source] = night
-        return {rule for rule, (flagged, _) in flags.items() if flagged}
+        return {rule for rule in RULES if flags[rule][0]}
 
     def fork(self) -> Branch:
         return Branch(list(self.history), self.baseline, self.baseline_mean, self.oracle_s,

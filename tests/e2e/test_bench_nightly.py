@@ -118,11 +118,9 @@ def test_a_false_fail_before_the_landing_neither_counts_nor_hides_the_drops_flag
     # so the -29 % drop landing on night 5 must count as flagged the night it lands. Until
     # 2026-12-07 the bench kept only each rule's first flag ever, and such a trial counted as
     # never flagged (the -29 % drop landing on night 91: "96%" where every drop FAILed).
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        import bench_nightly as bench
-    finally:
-        sys.path.remove(str(BENCH.parent))
+    monkeypatch.syspath_prepend(BENCH.parent)  # the bench imports its sibling modules
+    import bench_nightly as bench
+
     level = np.full((1, bench.MAX_RUNS), bench.LEVEL)
     nights = np.repeat(level, 40, axis=0)  # the landing night and 28 after it
     nights[2] *= 0.5  # night 3
