@@ -96,6 +96,23 @@ class Project:
                 patch.setenv(name, value)
             return self.run(*args)
 
+    def record_quietly(self, *args: str, max_cv: str = "0.04", tries: int = 4) -> pytest.RunResult:
+        """Record baselines (``args`` hold ``--update-baselines``) under the plugin's own noise
+        guard at ``max_cv``, and again while the guard refuses, for tests whose claim needs a
+        baseline recorded in a quiet moment. The suite lets every other recording through at
+        30% (tests/conftest.py); a clean-clone CI run once recorded the nospec baseline of
+        test_verdicts at CV 6.3% in a busy moment of the 2-core box (its mean 4% low, since a
+        busy box only slows), and a 10% slowdown then measured a ratio of 0.930 with an upper
+        bound of 1.003: rightly INCONCLUSIVE, but not what the test is about. A refusal is
+        checked to be the guard's, so that no other failure is retried away."""
+        for _ in range(tries):
+            result = self.run(*args, "--specdecode-max-baseline-cv", max_cv)
+            if result.ret == 0:
+                return result
+            out = result.stdout.str()
+            assert "refusing to record a baseline" in out, out
+        raise AssertionError(f"no moment quiet enough to record at CV <= {max_cv} in {tries} tries")
+
     def baseline_files(self) -> list[Path]:
         return sorted((self.path / "baselines").rglob("*.json"))
 

@@ -96,11 +96,12 @@ def test_record_then_a_clean_pass_with_the_table(quiet_project: Project) -> None
 @pytest.mark.quiet_machine  # a 10% slowdown measured live: tests/conftest.py says why
 def test_a_10_percent_slowdown_fails_exactly_the_affected_test(quiet_project: Project) -> None:
     # "At most 1% slower": a 10% slowdown is then 8-9% beyond the margin, several times the
-    # confidence interval's half-width even when the first test's baseline runs are noisy (CI
-    # once recorded them at CV 4.4% on a shared 2-core box, and a 6% slowdown measured
-    # INCONCLUSIVE against them: 4-5% beyond the margin was too close to call, rightly).
+    # confidence interval's half-width when the baseline runs are at most 4% apart (CV). A
+    # noisier baseline is re-recorded (record_quietly): CI once recorded one at CV 4.4% on a
+    # shared 2-core box, and a 6% slowdown measured INCONCLUSIVE against it; another at 6.3%,
+    # and this 10% one measured INCONCLUSIVE (ratio 0.930, upper bound 1.003): rightly, both.
     quiet_project.tests(SUITE.replace("tok_s=-0.10", "tok_s=-0.01"))
-    quiet_project.run(*RECORD).assert_outcomes(passed=4)
+    quiet_project.record_quietly(*RECORD).assert_outcomes(passed=4)
 
     more = ("--specdecode-runs", "4", "--specdecode-max-runs", "10")
     slow = quiet_project.run_with_env({"SPECDECODE_SIM_SLOWDOWN": "1.10"}, *more)
