@@ -75,6 +75,12 @@ CONFLICT_LEVEL = 0.10
 """Prior-data conflict: a stated prior is dropped when the baseline's own launch means vary more
 than its upper ``1 - CONFLICT_LEVEL`` F quantile allows (:func:`two_level`)."""
 
+QUIET_LEVEL = 0.001
+"""Prior-data conflict the other way: a stated prior is dropped when the baseline's launch means
+and the history's nights together vary less than its lower ``QUIET_LEVEL`` F quantile allows
+(:func:`prior_too_loud`). Far stricter than :data:`CONFLICT_LEVEL`: dropping a prior on a
+variance that is small by chance makes the t test that follows liberal."""
+
 
 @dataclass(frozen=True)
 class LaunchPrior:
@@ -197,17 +203,56 @@ def prior_conflicts(
     and is never in conflict by construction."""
     if not prior.stated or prior.variance <= 0:
         return False
-    total, df = 0.0, 0.0
-    if launches >= 2:
-        total, df = launch_means_variance * (launches - 1), float(launches - 1)
-    if history is not None:
-        total, df = total + history.variance * history.df, df + history.df
+    variance, df = _measured_spread(launch_means_variance, launches, history)
     if df <= 0:
         return False
     from pytest_specdecode.stats.distributions import f_isf
 
     limit = float(f_isf(CONFLICT_LEVEL, df, prior.df))
-    return total / df / prior.variance > limit
+    return variance / prior.variance > limit
+
+
+def prior_too_loud(
+    prior: LaunchPrior,
+    launch_means_variance: float,
+    launches: int,
+    history: LaunchPrior | None,
+) -> bool:
+    """Whether the baseline's launch means and the history's nights, pooled by df, vary so much
+    less than a stated prior that it is refuted at :data:`QUIET_LEVEL`: a box quieter than
+    stated. An H200's no-speculation launches vary 0.8 %; pooled with a stated 6 % until the
+    history had ten nights, a 10 % drop landing the night after a box's first baseline was not
+    FAILed before its eleventh night (benchmarks/bench_nightly.py), where the box's own figure
+    FAILs it within a few.
+
+    Only with at least :data:`MIN_HISTORY_NIGHTS` nights of history: three launch means alone
+    lie close together by chance too often, and the t of two df that follows is liberal on
+    exactly those draws. Simulated with 3 baseline launches and 3-8 nights of history: a box at
+    launch CV 5 % drops the prior on at most 0.1 % of such nights, one at 3 % on 0.4-1.5 % (run
+    CV 3 %, 8 runs a night); the H200's no-speculation noise (launch CV 0.8 %, run CV 0.6 %)
+    on 38 % at three nights, 86 % at five, 96 % at six."""
+    if not prior.stated or prior.variance <= 0 or history is None:
+        return False
+    if history.nights < MIN_HISTORY_NIGHTS:
+        return False
+    variance, df = _measured_spread(launch_means_variance, launches, history)
+    from pytest_specdecode.stats.distributions import f_isf
+
+    limit = float(f_isf(1.0 - QUIET_LEVEL, df, prior.df))
+    return variance / prior.variance < limit
+
+
+def _measured_spread(
+    launch_means_variance: float, launches: int, history: LaunchPrior | None
+) -> tuple[float, float]:
+    """The variance of one launch's mean measured on this test, pooled by df: the baseline's
+    launch means (run noise included) and the history's nights; and its df."""
+    total, df = 0.0, 0.0
+    if launches >= 2:
+        total, df = launch_means_variance * (launches - 1), float(launches - 1)
+    if history is not None:
+        total, df = total + history.variance * history.df, df + history.df
+    return (total / df if df > 0 else 0.0), df
 
 
 @dataclass(frozen=True)
@@ -265,6 +310,17 @@ def two_level(
         notes.append(
             f"{prior.source} was not used: the {k} {measured} vary more than it allows "
             f"(launch CV about {math.sqrt(math.expm1(spread)):.1%})"
+        )
+        prior = None
+    elif prior is not None and history is not None and prior_too_loud(prior, spread, k, history):
+        # A quiet box: trusting the stated figure would keep it blind to a 10 % drop for ten
+        # nights. The baseline's launches and the nights since are its own evidence.
+        quiet, _ = _measured_spread(spread, k, history)
+        notes.append(
+            f"{prior.source} was not used: the {k} baseline launch{'es' if k != 1 else ''} and "
+            f"{history.nights} "
+            f"nights of history vary far less than it allows (launch CV about "
+            f"{math.sqrt(math.expm1(quiet)):.1%}): this box's own launch variance decides"
         )
         prior = None
     elif prior is not None and history is not None:

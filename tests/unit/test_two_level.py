@@ -19,6 +19,7 @@ from pytest_specdecode.stats.two_level import (
     guard_alpha,
     prior_for,
     prior_from_history,
+    prior_too_loud,
     stated_prior,
     two_level,
 )
@@ -331,6 +332,71 @@ def test_the_seeds_29_percent_fails_on_the_fourth_night_after_a_first_baseline()
     assert pooled.df > alone.df + 5
     assert pooled.verdict is Verdict.FAIL
     assert any("3 nights of history is pooled with a stated prior" in w for w in pooled.warnings)
+
+
+def quiet_first_nights(seed: int, *, launch_cv: float, run_cv: float, nights: int, drop: float):
+    """A box's first baseline (3 launches x 60 runs at 100), then ``nights`` nights of one
+    launch x 10 runs ``drop`` slower from the first night on, and tonight's launch."""
+    rng = np.random.default_rng(seed)
+    baseline = launches(rng, 3, 60, launch_cv=launch_cv, run_cv=run_cv)
+    level = 100.0 * (1 + drop)
+    means = [float(np.mean(launches(rng, 1, 10, launch_cv=launch_cv, run_cv=run_cv, level=level)))
+             for _ in range(nights)]  # fmt: skip
+    history = prior_from_history([math.log(v) for v in means], [10.0] * nights)
+    current = launches(rng, 1, 10, launch_cv=launch_cv, run_cv=run_cv, level=level)
+    return baseline, history, current
+
+
+def test_a_quiet_box_is_judged_by_its_own_launch_variance_from_its_first_nights() -> None:
+    """An H200's no-speculation noise (launch CV 0.8 %, run CV 0.6 %), a 10 % drop from the
+    first night after the box's first baseline: pooled with the stated 6 % the fifth night was
+    not a FAIL (the prior kept it blind until the history had ten nights); the baseline's
+    launches and five nights refute the 6 %, and the box's own figure FAILs it."""
+    stated = stated_prior(where="test")
+    fails = 0
+    for seed in range(20):
+        baseline, history, current = quiet_first_nights(
+            RNG_SEED + 100 + seed, launch_cv=0.008, run_cv=0.006, nights=5, drop=-0.10
+        )
+        assert history is not None
+        assert history.nights == 5
+        verdict = compare(current, baseline, margin=-0.02, alpha=0.0386, launch_runs=[60] * 3,
+                          prior=bridged(history, stated), alpha_no_change=0.0066)  # fmt: skip
+        if verdict.verdict is Verdict.FAIL:
+            fails += 1
+            assert any(
+                "a stated prior of launch CV 6.0%" in w
+                and "vary far less than it allows" in w
+                and "this box's own launch variance decides" in w
+                for w in verdict.warnings
+            ), verdict.warnings
+        else:  # the F test kept the prior: then it says it pooled
+            assert any("5 nights of history is pooled with" in w for w in verdict.warnings)
+    assert fails >= 16  # 86 % of such draws drop the prior at five nights (its docstring)
+
+
+def test_the_stated_prior_stays_on_a_box_at_its_own_noise() -> None:
+    """Launch CV 5 % (under the stated 6 %): the same five nights pool the prior, as before."""
+    stated = stated_prior(where="test")
+    for seed in range(20):
+        baseline, history, _ = quiet_first_nights(
+            RNG_SEED + 200 + seed, launch_cv=0.05, run_cv=0.03, nights=5, drop=0.0
+        )
+        assert history is not None
+        spread = float(np.var(np.log(baseline).reshape(3, 60).mean(axis=1), ddof=1))
+        assert not prior_too_loud(stated, spread, 3, history)
+
+
+def test_a_stated_prior_is_never_dropped_as_too_loud_on_the_baseline_alone() -> None:
+    """Three launch means alone lie close together by chance too often: without at least
+    three nights of history the prior stays, however quiet the launches look."""
+    stated = stated_prior(where="test")
+    assert not prior_too_loud(stated, 1e-12, 3, None)
+    two_nights = LaunchPrior(variance=1e-12, df=0.7, nights=2, runs=10.0)
+    assert not prior_too_loud(stated, 1e-12, 3, two_nights)
+    three_nights = LaunchPrior(variance=1e-8, df=1.3, nights=3, runs=10.0)
+    assert prior_too_loud(stated, 1e-8, 3, three_nights)
+    assert not prior_too_loud(three_nights, 1e-8, 3, three_nights)  # a history prior: never
 
 
 def test_stated_prior_rejects_nonsense_and_has_no_run_noise_to_subtract() -> None:
