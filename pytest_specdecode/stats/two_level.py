@@ -297,47 +297,8 @@ def two_level(
         else s_c
     )
     h = float(np.mean([1.0 / group.size for group in groups]))
-    notes: list[str] = []
     spread = float(np.var(means, ddof=1)) if k >= 2 else 0.0
-    history: LaunchPrior | None = None
-    if prior is not None and not prior.stated:
-        history, prior = prior, prior.stated_prior
-    if prior is not None and prior_conflicts(prior, spread, k, history):
-        # The baseline's own launches disagree with the stated figure: this box varies more than
-        # it says, and trusting it would make false FAILs (a prior stated at 6 % on a box at
-        # 10 % FAILed an unchanged build in 1.5 % of first nights). Its own 2 df are honest.
-        measured = "baseline launches" + (" and the history's nights" if history else "")
-        notes.append(
-            f"{prior.source} was not used: the {k} {measured} vary more than it allows "
-            f"(launch CV about {math.sqrt(math.expm1(spread)):.1%})"
-        )
-        prior = None
-    elif prior is not None and history is not None and prior_too_loud(prior, spread, k, history):
-        # A quiet box: trusting the stated figure would keep it blind to a 10 % drop for ten
-        # nights. The baseline's launches and the nights since are its own evidence.
-        quiet, _ = _measured_spread(spread, k, history)
-        notes.append(
-            f"{prior.source} was not used: the {k} baseline launch{'es' if k != 1 else ''} and "
-            f"{history.nights} "
-            f"nights of history vary far less than it allows (launch CV about "
-            f"{math.sqrt(math.expm1(quiet)):.1%}): this box's own launch variance decides"
-        )
-        prior = None
-    elif prior is not None and history is not None:
-        notes.append(
-            f"the launch variance of {history.nights} nights of history is pooled with "
-            f"{prior.source} until the history has {HISTORY_GUARD_NIGHTS} nights"
-        )
-    elif prior is not None:
-        # One baseline launch measures no launch variance at all: the prior is all there is,
-        # and the remedy is still to measure it.
-        remedy = (
-            "; the baseline was recorded in one server launch: record it with "
-            "--specdecode-baseline-launches 3 to measure this box's own"
-            if k < 2
-            else ""
-        )
-        notes.append(f"the launch variance is pooled with {prior.source}{remedy}")
+    history, prior, notes = _priors_in_use(prior, spread, k)
 
     # The launch variance: from the baseline's launch means (K - 1 df), pooled by df with the
     # history's, as a linear combination of independent mean squares: (value, df, weight).
@@ -401,6 +362,54 @@ def two_level(
         within_baseline=s_b,
         notes=tuple(notes),
     )
+
+
+def _priors_in_use(
+    prior: LaunchPrior | None, spread: float, k: int
+) -> tuple[LaunchPrior | None, LaunchPrior | None, list[str]]:
+    """The history and the stated prior that :func:`two_level` pools with the baseline's ``k``
+    launch means (``spread``: the variance of those means), and what the verdict says of them: a
+    stated prior is dropped when this box's own launches and nights refute it either way."""
+    notes: list[str] = []
+    history: LaunchPrior | None = None
+    if prior is not None and not prior.stated:
+        history, prior = prior, prior.stated_prior
+    if prior is not None and prior_conflicts(prior, spread, k, history):
+        # The baseline's own launches disagree with the stated figure: this box varies more than
+        # it says, and trusting it would make false FAILs (a prior stated at 6 % on a box at
+        # 10 % FAILed an unchanged build in 1.5 % of first nights). Its own 2 df are honest.
+        measured = "baseline launches" + (" and the history's nights" if history else "")
+        notes.append(
+            f"{prior.source} was not used: the {k} {measured} vary more than it allows "
+            f"(launch CV about {math.sqrt(math.expm1(spread)):.1%})"
+        )
+        prior = None
+    elif prior is not None and history is not None and prior_too_loud(prior, spread, k, history):
+        # A quiet box: trusting the stated figure would keep it blind to a 10 % drop for ten
+        # nights. The baseline's launches and the nights since are its own evidence.
+        quiet, _ = _measured_spread(spread, k, history)
+        notes.append(
+            f"{prior.source} was not used: the {k} baseline launch{'es' if k != 1 else ''} and "
+            f"{history.nights} nights of history vary far less than it allows (launch CV about "
+            f"{math.sqrt(math.expm1(quiet)):.1%}): this box's own launch variance decides"
+        )
+        prior = None
+    elif prior is not None and history is not None:
+        notes.append(
+            f"the launch variance of {history.nights} nights of history is pooled with "
+            f"{prior.source} until the history has {HISTORY_GUARD_NIGHTS} nights"
+        )
+    elif prior is not None:
+        # One baseline launch measures no launch variance at all: the prior is all there is,
+        # and the remedy is still to measure it.
+        remedy = (
+            "; the baseline was recorded in one server launch: record it with "
+            "--specdecode-baseline-launches 3 to measure this box's own"
+            if k < 2
+            else ""
+        )
+        notes.append(f"the launch variance is pooled with {prior.source}{remedy}")
+    return history, prior, notes
 
 
 def _split(values: NDArray[np.float64], launch_runs: Sequence[int]) -> list[NDArray[np.float64]]:
