@@ -3,7 +3,8 @@
 * :func:`prune`, on every acquire: dead servers and leases are forgotten, a server whose owning
   pytest died is adopted as a kept one, a half-loaded one is stopped, and a container its engine
   would not remove is tried again.
-* :func:`remember_left_behind`: such a container is recorded, so that a later session finds it.
+* :func:`remember_left_behind` and :func:`remember_stale`: such a container is recorded, so that
+  a later session finds it.
 * :func:`finish_run`: the xdist controller's end of run, stopping what its workers started.
 
 All three work on the state file without a :class:`~pytest_specdecode.servers.pool.ServerPool`
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from pytest_specdecode.servers.factory import identity_alive, stop_identity
 from pytest_specdecode.servers.handle import EventSink, ServerCounts
-from pytest_specdecode.servers.launcher import Launcher
+from pytest_specdecode.servers.launcher import Launcher, ServerIdentity
 from pytest_specdecode.servers.state import Entry, StateFile
 
 
@@ -87,8 +88,10 @@ def finish_run(
     for entry in owned:
         if entry.identity and identity_alive(entry.identity):  # not one that crashed
             emit(f"{entry.profile}: stopping (end of the test session)")
-            stop_identity(entry.identity, grace=grace)
-            counts.stopped[entry.profile] += 1
+            if stop_identity(entry.identity, grace=grace):
+                counts.stopped[entry.profile] += 1
+            else:
+                remember_stale(state, entry.identity, entry.profile, emit)
     return counts
 
 
@@ -98,11 +101,21 @@ def remember_left_behind(
     """A server that could not be removed (its Docker engine did not answer) is recorded
     as ``stale`` under a key of its own, owned by nobody: the next session that reaches
     its engine removes it (:func:`prune`), so a box that went down leaks no container."""
-    if not getattr(launcher, "left_behind", False):
-        return
-    identity = launcher.identity()
+    if getattr(launcher, "left_behind", False):
+        remember_stale(state, launcher.identity(), profile, emit, fallback_key=str(id(launcher)))
+
+
+def remember_stale(
+    state: StateFile,
+    identity: ServerIdentity,
+    profile: str,
+    emit: EventSink,
+    fallback_key: str = "",
+) -> None:
+    """Record a container that could not be removed under a ``stale`` key, owned by nobody
+    (``fallback_key`` names it when the identity holds no container id)."""
     with state.edit() as entries:
-        key = f"stale-{identity.get('container_id') or id(launcher)}"
+        key = f"stale-{identity.get('container_id') or fallback_key or profile}"
         entries[key] = Entry(
             digest=key,
             profile=profile,

@@ -46,7 +46,7 @@ from filelock import FileLock
 
 from pytest_specdecode.errors import EngineUnreachableError, ServerError, ServerStartError
 from pytest_specdecode.servers.build import BuildKey
-from pytest_specdecode.servers.cleanup import prune, remember_left_behind
+from pytest_specdecode.servers.cleanup import prune, remember_left_behind, remember_stale
 from pytest_specdecode.servers.factory import (
     build_of,
     identity_alive,
@@ -487,7 +487,9 @@ class ServerPool:
             handle.launcher.stop(grace=self.stop_grace)
         elif entry.identity and identity_alive(entry.identity):
             self._emit(f"{entry.profile}: stopping the recorded server at {entry.url} ({reason})")
-            stop_identity(entry.identity, grace=self.stop_grace)
+            if not stop_identity(entry.identity, grace=self.stop_grace):
+                remember_stale(self.state, entry.identity, entry.profile, self._emit)
+                return
         else:
             return  # nothing runs any more (it crashed): nothing to stop
         self.counts.stopped[entry.profile] += 1
