@@ -74,7 +74,7 @@ from pytest_specdecode.stats.samples import (
     positive_values,
     summarize,
 )
-from pytest_specdecode.stats.two_level import LaunchPrior, two_level
+from pytest_specdecode.stats.two_level import LaunchPrior, TwoLevelInterval, two_level
 
 __all__ = [
     "BOOTSTRAP_MIN_RUNS",
@@ -207,6 +207,47 @@ def compare(
     often, however close the margin sits to 1 against the noise. ``warn_single_launch`` adds a
     warning when the interval cannot carry the launch variance (one baseline launch, no prior).
     """
+    cur, base = _checked_samples(current, baseline, margin, alpha, alpha_no_change, method)
+    check = _Check.of(
+        cur,
+        base,
+        higher_is_better=higher_is_better,
+        margin=margin,
+        method=method,
+        seed=seed,
+        n_resamples=n_resamples,
+        launch_runs=launch_runs,
+        prior=prior,
+    )
+    interval = check.interval_at(alpha)
+    code = int(verdict_codes(np.asarray(interval.low), np.asarray(interval.high), check.threshold))
+    warnings = [*interval.notes, *_launch_notes(check, warn_single_launch)]
+    code, no_change_high, held_back = _no_change_guard(check, code, alpha, alpha_no_change)
+    warnings.extend(held_back)
+    mde, undecidable = _mde_and_note(check, code, alpha)
+    warnings.extend(undecidable)
+    return _comparison(
+        check,
+        interval,
+        code,
+        alpha=alpha,
+        alpha_no_change=alpha_no_change,
+        no_change_high=no_change_high,
+        mde=mde,
+        warnings=warnings,
+    )
+
+
+def _checked_samples(
+    current: Sequence[float],
+    baseline: Sequence[float],
+    margin: float,
+    alpha: float,
+    alpha_no_change: float | None,
+    method: str,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The data check: the settings, then both sides' values (finite and > 0), as arrays;
+    :class:`~pytest_specdecode.stats.samples.StatsInputError` on the first that is not."""
     check_margin(margin)
     check_alpha(alpha)
     if alpha_no_change is not None:
@@ -215,20 +256,84 @@ def compare(
         raise StatsInputError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     cur = positive_values(current, "current")
     base = positive_values(baseline, "baseline")
-    sign = 1.0 if higher_is_better else -1.0
-    log_cur, log_base = sign * np.log(cur), sign * np.log(base)
-    threshold = math.log1p(margin)
-    cur_constant, base_constant = is_constant(cur), is_constant(base)
-    launches = [n for n in (launch_runs or ()) if n > 0]
-    levels = two_level(log_cur, log_base, launches or [base.size], prior)
-    two_levels = levels.launches >= 2 or prior is not None
+    return cur, base
 
-    def interval_at(level: float) -> LogInterval:
+
+@dataclass(frozen=True)
+class _Check:
+    """One comparison's samples on the log, higher-is-better scale, its threshold and the
+    two-level model of its baseline: what every interval it forms shares (the verdict's at alpha,
+    the no-change guard's at its own level)."""
+
+    cur: NDArray[np.float64]
+    base: NDArray[np.float64]
+    higher_is_better: bool
+    margin: float
+    sign: float
+    log_cur: NDArray[np.float64]
+    log_base: NDArray[np.float64]
+    threshold: float
+    cur_constant: bool
+    base_constant: bool
+    levels: TwoLevelInterval
+    two_levels: bool  # launch variance in the interval: several baseline launches or a prior
+    prior: LaunchPrior | None
+    method: str
+    seed: int | None
+    n_resamples: int
+
+    @classmethod
+    def of(
+        cls,
+        cur: NDArray[np.float64],
+        base: NDArray[np.float64],
+        *,
+        higher_is_better: bool,
+        margin: float,
+        method: str,
+        seed: int | None,
+        n_resamples: int,
+        launch_runs: Sequence[int] | None,
+        prior: LaunchPrior | None,
+    ) -> _Check:
+        """The checked samples oriented so that higher is better, and their two-level model."""
+        sign = 1.0 if higher_is_better else -1.0
+        log_cur, log_base = sign * np.log(cur), sign * np.log(base)
+        threshold = math.log1p(margin)
+        cur_constant, base_constant = is_constant(cur), is_constant(base)
+        launches = [n for n in (launch_runs or ()) if n > 0]
+        levels = two_level(log_cur, log_base, launches or [base.size], prior)
+        two_levels = levels.launches >= 2 or prior is not None
+        return cls(
+            cur=cur,
+            base=base,
+            higher_is_better=higher_is_better,
+            margin=margin,
+            sign=sign,
+            log_cur=log_cur,
+            log_base=log_base,
+            threshold=threshold,
+            cur_constant=cur_constant,
+            base_constant=base_constant,
+            levels=levels,
+            two_levels=two_levels,
+            prior=prior,
+            method=method,
+            seed=seed,
+            n_resamples=n_resamples,
+        )
+
+    def interval_at(self, level: float) -> LogInterval:
+        """The ratio and its interval of two one-sided ``level`` bounds, by the method these
+        samples allow (module docstring: Methods), with a note where it is not the one asked."""
+        cur, base, method = self.cur, self.base, self.method
+        log_cur, log_base, threshold = self.log_cur, self.log_base, self.threshold
+        cur_constant, base_constant, levels = self.cur_constant, self.base_constant, self.levels
         if cur.size == 1 or base.size == 1:
             return no_variance_interval(log_cur, log_base, method)
         if cur_constant and base_constant:
             return exact_interval(log_cur, log_base, threshold)
-        if two_levels:
+        if self.two_levels:
             interval = t_interval("two-level", levels.estimate, levels.se, levels.df,
                                    threshold, level)  # fmt: skip
             if method != "welch-log":
@@ -237,8 +342,11 @@ def compare(
                 )
             return interval
         if method == "bootstrap" and min(cur.size, base.size) >= BOOTSTRAP_MIN_RUNS:
+            seed = self.seed
             seed_ = seed if seed is not None else zlib.crc32(np.concatenate([cur, base]).tobytes())
-            return bootstrap_interval(cur, base, sign, threshold, level, seed_, n_resamples)
+            return bootstrap_interval(
+                cur, base, self.sign, threshold, level, seed_, self.n_resamples
+            )
         if method == "rank" and not (cur_constant or base_constant):
             return rank_interval(log_cur, log_base, threshold, level)
         interval = welch_log_interval(
@@ -250,50 +358,83 @@ def compare(
             return with_note(interval, "rank method needs variation on both sides")
         return interval
 
-    interval = interval_at(alpha)
-    code = int(verdict_codes(np.asarray(interval.low), np.asarray(interval.high), threshold))
-    warnings = list(interval.notes)
-    if warn_single_launch and not two_levels and cur.size > 1 and base.size > 1:
-        warnings.extend(levels.notes)
-    elif two_levels and prior is not None and (prior.stated or prior.stated_prior is not None):
-        warnings.extend(levels.notes)  # the stated prior's source, or why it was not used
-    no_change_high = None
-    if code == -1 and margin < 0 and alpha_no_change is not None:
-        guard = interval_at(alpha_no_change)
+
+def _launch_notes(check: _Check, warn_single_launch: bool) -> list[str]:
+    """What the two-level model says of the launch variance, where the verdict repeats it: that
+    the interval cannot carry it (asked for, one baseline launch, no prior), or a stated prior's
+    source, or why it was not used."""
+    two_levels, prior, notes = check.two_levels, check.prior, check.levels.notes
+    if warn_single_launch and not two_levels and check.cur.size > 1 and check.base.size > 1:
+        return list(notes)
+    if two_levels and prior is not None and (prior.stated or prior.stated_prior is not None):
+        return list(notes)  # the stated prior's source, or why it was not used
+    return []
+
+
+def _no_change_guard(
+    check: _Check, code: int, alpha: float, alpha_no_change: float | None
+) -> tuple[int, float | None, list[str]]:
+    """The no-change guard: a FAIL against a negative margin stands only if the current build is
+    also worse than the baseline itself at ``alpha_no_change``. Else it is INCONCLUSIVE, with the
+    guard's upper bound and a warning saying why. Returns (verdict code, that bound, warnings)."""
+    if code == -1 and check.margin < 0 and alpha_no_change is not None:
+        guard = check.interval_at(alpha_no_change)
         if guard.high >= -TIE_TOLERANCE:
-            code = 0
             no_change_high = math.exp(guard.high)
-            warnings.append(
+            held_back = (
                 f"worse than the margin at {confidence_text(1 - alpha)} but not distinguishable "
                 f"from no change at {confidence_text(1 - alpha_no_change)} (upper bound "
                 f"{no_change_high:.3f}): "
                 "not called a regression"
             )
-    design = mde_design(log_cur, log_base, cur_constant, base_constant)
+            return 0, no_change_high, [held_back]
+    return code, None, []
+
+
+def _mde_and_note(check: _Check, code: int, alpha: float) -> tuple[float | None, list[str]]:
+    """The minimum detectable effect of the check's design (None where unknown), and for an
+    undecided check whose MDE exceeds its margin, the warning that says what limits it."""
+    cur_constant, levels, margin = check.cur_constant, check.levels, check.margin
+    design = mde_design(check.log_cur, check.log_base, cur_constant, check.base_constant)
     mde = None if design is None else min_detectable_effect(*design, alpha)
-    if two_levels and mde is not None:
+    if check.two_levels and mde is not None:
         mde = two_level_mde(levels, alpha)
     # Only an undecided check needs to hear that it could not have been decided.
     if code == 0 and design is not None and mde is not None and mde > abs(margin) + TIE_TOLERANCE:
-        if two_levels:
-            warnings.append(
+        if check.two_levels:
+            return mde, [
                 f"MDE {mde_text(mde)} is larger than the margin {abs(margin):.1%}: the "
                 f"launch-to-launch variation (CV {levels.launch_cv:.1%} over {levels.launches} "
-                f"baseline launches{' and the history' if prior is not None else ''}) limits "
-                "what one launch can "
+                f"baseline launches{' and the history' if check.prior is not None else ''}) "
+                "limits what one launch can "
                 "show; more baseline launches or nights of history narrow it"
-            )
-        else:
-            warnings.append(
-                mde_warning(mde, margin, alpha, design, cur.size, base.size, cur_constant)
-            )
+            ]
+        return mde, [
+            mde_warning(mde, margin, alpha, design, check.cur.size, check.base.size, cur_constant)
+        ]
+    return mde, []
+
+
+def _comparison(
+    check: _Check,
+    interval: LogInterval,
+    code: int,
+    *,
+    alpha: float,
+    alpha_no_change: float | None,
+    no_change_high: float | None,
+    mde: float | None,
+    warnings: list[str],
+) -> Comparison:
+    """The verdict and its message: the interval back on the ratio scale, with the summaries."""
+    levels, margin, prior = check.levels, check.margin, check.prior
     return Comparison(
         method=interval.method,
-        higher_is_better=higher_is_better,
+        higher_is_better=check.higher_is_better,
         margin=margin,
         alpha=alpha,
-        current=summarize(cur.tolist()),
-        baseline=_baseline_summary(tuple(base.tolist())),
+        current=summarize(check.cur.tolist()),
+        baseline=_baseline_summary(tuple(check.base.tolist())),
         ratio=math.exp(interval.estimate),
         ci_low=math.exp(interval.low),
         ci_high=math.exp(interval.high),
@@ -303,7 +444,7 @@ def compare(
         verdict=_CODE_TO_VERDICT[code],
         warnings=tuple(warnings),
         launches=levels.launches,
-        launch_cv=levels.launch_cv if two_levels else None,
+        launch_cv=levels.launch_cv if check.two_levels else None,
         df=interval.df,
         alpha_no_change=alpha_no_change if margin < 0 else None,
         no_change_high=no_change_high,

@@ -283,6 +283,55 @@ def two_level(
 
     ``log_baseline`` holds the baseline's runs in launch order, ``launch_runs`` how many each
     launch contributed (they add up to its length); ``log_current`` is one launch."""
+    runs = _run_level(log_current, log_baseline, launch_runs)
+    history, prior, notes = _priors_in_use(prior, runs.spread, runs.k)
+    pool = _launch_pool(runs, history, prior)
+    if not pool.parts:
+        notes.append(
+            "the baseline was recorded in one server launch and there is no history of "
+            "this test, so the launch-to-launch variance is not in the interval (on real "
+            "GPUs it is often larger than the run-to-run one); record the baseline with "
+            "--specdecode-baseline-launches 3"
+        )
+    variance, df = _satterthwaite(_mean_squares(runs, pool))
+    if pool.measured:
+        # Never more than the launch level's own df: Satterthwaite's df is estimated from the
+        # same draw as the standard error and is liberal exactly when the launch means happen to
+        # lie close together (an unchanged build then failed 1% instead of 0.4% at launch CV
+        # 5%; docs/statistics.md). This is Kalibera and Jones's t on the launch means.
+        df = min(df, pool.df)
+    return TwoLevelInterval(
+        estimate=runs.estimate,
+        se=math.sqrt(variance),
+        df=df,
+        launches=runs.k,
+        launch_variance=pool.launch_var if pool.measured else 0.0,
+        within_current=runs.s_c,
+        within_baseline=runs.s_b,
+        notes=tuple(notes),
+    )
+
+
+@dataclass(frozen=True)
+class _RunLevel:
+    """What the runs alone give :func:`two_level`: the difference ``d``, the within-launch
+    variances and the spread of the baseline's launch means."""
+
+    k: int  # baseline launches
+    n: int  # current runs
+    means: NDArray[np.float64]  # the baseline's launch means
+    estimate: float  # d = mean(current) - mean(launch means)
+    s_c: float  # s_c^2, within the current launch (0 with one run)
+    s_b: float  # s_b^2, within the baseline's launches, pooled (s_c^2 with no df of its own)
+    within_df: float  # s_b^2's df (inf with none)
+    h: float  # mean(1 / r_k)
+    spread: float  # S_M^2, the variance of the launch means (0 with one launch)
+
+
+def _run_level(
+    log_current: NDArray[np.float64], log_baseline: NDArray[np.float64], launch_runs: Sequence[int]
+) -> _RunLevel:
+    """The run-level estimates of :func:`two_level`, the baseline split into its launches."""
     groups = _split(log_baseline, launch_runs)
     k = len(groups)
     n = log_current.size
@@ -298,8 +347,40 @@ def two_level(
     )
     h = float(np.mean([1.0 / group.size for group in groups]))
     spread = float(np.var(means, ddof=1)) if k >= 2 else 0.0
-    history, prior, notes = _priors_in_use(prior, spread, k)
+    return _RunLevel(
+        k=k,
+        n=n,
+        means=means,
+        estimate=estimate,
+        s_c=s_c,
+        s_b=s_b,
+        within_df=float(within_df) if within_df > 0 else math.inf,
+        h=h,
+        spread=spread,
+    )
 
+
+@dataclass(frozen=True)
+class _LaunchPool:
+    """The launch variance of :func:`two_level`, pooled by df over its sources."""
+
+    parts: list[tuple[float, float, float]]  # (variance of launch means, df, runs each)
+    df: float  # the parts' df together
+    launch_var: float  # sigma_L^2 (log scale) by the method of moments; <= 0: none measured
+    subtract: float  # the run noise the pooled launch means carry, per unit of s_b^2
+
+    @property
+    def measured(self) -> bool:
+        """A launch variance beyond the run noise: the interval carries a launch term."""
+        return bool(self.parts) and self.launch_var > 0
+
+
+def _launch_pool(
+    runs: _RunLevel, history: LaunchPrior | None, prior: LaunchPrior | None
+) -> _LaunchPool:
+    """The launch variance from the baseline's launch means, the history and the stated prior
+    in use (:func:`_priors_in_use`)."""
+    k, means, h, s_b = runs.k, runs.means, runs.h, runs.s_b
     # The launch variance: from the baseline's launch means (K - 1 df), pooled by df with the
     # history's, as a linear combination of independent mean squares: (value, df, weight).
     # S_M^2 - h s_b^2 estimates sigma_L^2 from the launch means; V_h - s_b^2 / runs from history.
@@ -310,33 +391,38 @@ def two_level(
         if part is not None:
             parts.append((part.variance, part.df, part.runs))
     pooled_df = sum(df for _, df, _ in parts)
-    within_df_f = float(within_df) if within_df > 0 else math.inf
-    mean_squares: list[tuple[float, float, float]] = []  # (coefficient, value, df)
     launch_var = 0.0
     subtract = 0.0  # the run noise the pooled launch means carry, per unit of s_b^2
-    for value, df, runs in parts:
+    for value, df, runs_each in parts:
         launch_var += df / pooled_df * value
-        subtract += df / pooled_df / runs
+        subtract += df / pooled_df / runs_each
     launch_var -= subtract * s_b
-    if parts and launch_var > 0:
+    return _LaunchPool(parts=parts, df=pooled_df, launch_var=launch_var, subtract=subtract)
+
+
+def _mean_squares(runs: _RunLevel, pool: _LaunchPool) -> list[tuple[float, float, float]]:
+    """The variance of ``d`` as a linear combination of independent mean squares,
+    (coefficient, value, df): the launch term (the current launch's own effect and the baseline
+    level's), the baseline's run noise, the current runs (module docstring: Interval)."""
+    k, h, s_b = runs.k, runs.h, runs.s_b
+    mean_squares: list[tuple[float, float, float]] = []  # (coefficient, value, df)
+    if pool.measured:
         factor = 1.0 + 1.0 / k
-        for value, df, _ in parts:
-            mean_squares.append((factor * df / pooled_df, value, df))
-        mean_squares.append((h / k - factor * subtract, s_b, within_df_f))
+        for value, df, _ in pool.parts:
+            mean_squares.append((factor * df / pool.df, value, df))
+        mean_squares.append((h / k - factor * pool.subtract, s_b, runs.within_df))
+    elif k >= 2:  # no launch variance beyond the run noise: the baseline level's own spread
+        mean_squares.append((1.0 / k, float(np.var(runs.means, ddof=1)), float(k - 1)))
     else:
-        launch_var = 0.0
-        if k >= 2:  # no launch variance beyond the run noise: the baseline level's own spread
-            mean_squares.append((1.0 / k, float(np.var(means, ddof=1)), float(k - 1)))
-        else:
-            mean_squares.append((h / k, s_b, within_df_f))
-        if not parts:
-            notes.append(
-                "the baseline was recorded in one server launch and there is no history of "
-                "this test, so the launch-to-launch variance is not in the interval (on real "
-                "GPUs it is often larger than the run-to-run one); record the baseline with "
-                "--specdecode-baseline-launches 3"
-            )
-    mean_squares.append((1.0 / n, s_c, float(n - 1) if n > 1 else math.inf))
+        mean_squares.append((h / k, s_b, runs.within_df))
+    n = runs.n
+    mean_squares.append((1.0 / n, runs.s_c, float(n - 1) if n > 1 else math.inf))
+    return mean_squares
+
+
+def _satterthwaite(mean_squares: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """The variance of the combination of ``mean_squares`` and Satterthwaite's df for it (at
+    least 1)."""
     variance = max(0.0, sum(c * value for c, value, _ in mean_squares))
     denominator = sum(
         (c * value) ** 2 / df for c, value, df in mean_squares if value > 0 and math.isfinite(df)
@@ -346,22 +432,7 @@ def two_level(
     # launch means) and that term is large: real SGLang gave 0.23 with two noisy launches, a t
     # quantile past overflow. Below 1 the t distribution has no mean; 1 (Cauchy) is the floor.
     df = max(df, 1.0)
-    if parts and launch_var > 0:
-        # Never more than the launch level's own df: Satterthwaite's df is estimated from the
-        # same draw as the standard error and is liberal exactly when the launch means happen to
-        # lie close together (an unchanged build then failed 1% instead of 0.4% at launch CV
-        # 5%; docs/statistics.md). This is Kalibera and Jones's t on the launch means.
-        df = min(df, pooled_df)
-    return TwoLevelInterval(
-        estimate=estimate,
-        se=math.sqrt(variance),
-        df=df,
-        launches=k,
-        launch_variance=launch_var,
-        within_current=s_c,
-        within_baseline=s_b,
-        notes=tuple(notes),
-    )
+    return variance, df
 
 
 def _priors_in_use(
