@@ -74,62 +74,108 @@ def log_banner(server: SimServer) -> None:
     main_log.info("server_args=ServerArgs(%s)", fields)
 
 
+class _LoadClock:
+    """Sleeps through the load phases: ``--sim-load-seconds`` (over ``--sim-speed``) shared out
+    by the model's load shares, less the phases this server has not (a draft model, graphs)."""
+
+    def __init__(self, server: SimServer) -> None:
+        shares = dict(server.constants.load_shares)
+        if not server.speculative:
+            shares["draft_weights"] = shares["draft_cuda_graph"] = 0.0
+        if server.args.disable_cuda_graph:
+            shares["cuda_graph"] = shares["draft_cuda_graph"] = 0.0
+        self.shares = shares
+        self.total_share = sum(shares.values()) or 1.0
+        self.seconds = server.sim.load_seconds / server.sim.speed
+
+    def wait(self, phase: str) -> float:
+        """Sleep through ``phase``; its duration (seconds)."""
+        duration = self.seconds * self.shares[phase] / self.total_share
+        time.sleep(duration)
+        return duration
+
+
 def run_load_phases(server: SimServer) -> None:
     """Log and wait through SGLang's startup phases; nothing listens on the port meanwhile.
 
     The wording follows the release spoken: the target's and then the draft's weights, one KV
     pool per model, then the CUDA-graph capture (one line pair per graph from 0.5.14 on, skipped
     with ``--disable-cuda-graph``)."""
-    args, memory, era = server.args, server.memory, server.era
-    shares = dict(server.constants.load_shares)
-    if not server.speculative:
-        shares["draft_weights"] = shares["draft_cuda_graph"] = 0.0
-    graphs = not args.disable_cuda_graph
-    if not graphs:
-        shares["cuda_graph"] = shares["draft_cuda_graph"] = 0.0
-    total_share = sum(shares.values()) or 1.0
-    seconds = server.sim.load_seconds / server.sim.speed
+    clock = _LoadClock(server)
+    has_draft_model = server.speculative and server.args.speculative_algorithm != "NGRAM"
+    avail = _load_weights(server, clock.wait, has_draft_model)
+    avail = _allocate_kv_pools(server, avail, clock.wait, has_draft_model)
+    if server.sim.fault == "exit-during-load":
+        _die_in_first_capture(server, avail, clock)
+    if server.era.graph_capture_per_graph:
+        avail = _capture_per_graph(server, avail, clock.wait)
+    elif not server.args.disable_cuda_graph:
+        avail = _capture_legacy(server, avail, clock.wait)
+    _log_memory_summary(server, avail)
 
-    def wait(phase: str) -> float:
-        duration = seconds * shares[phase] / total_share
-        time.sleep(duration)
-        return duration
 
+def _load_weights(server: SimServer, wait: Callable[[str], float], has_draft_model: bool) -> float:
+    """The target's weights, then the draft model's (NGRAM has none); the GPU memory left (GB)."""
+    memory = server.memory
     gpu = server.constants.memory["gpu_memory_gb"] - 1.4
     architecture = server.model_info()["architectures"][0]
-    draft_type = f"{architecture}{'Eagle3' if args.speculative_algorithm == 'EAGLE3' else 'NextN'}"
-    has_draft_model = server.speculative and args.speculative_algorithm != "NGRAM"
-    scheduler_log.info("Init torch distributed begin.")
-    scheduler_log.info("Init torch distributed ends. elapsed=0.19 s, mem usage=0.09 GB")
-    scheduler_log.info("Load weight begin. avail mem=%.2f GB", gpu)
-    elapsed = wait("weights")
     target_weights = memory.weights_gb - (
         server.constants.memory["draft_weights_gb_per_gpu"] if server.speculative else 0.0
     )
+    avail = _load_model_weights(
+        wait,
+        "weights",
+        architecture,
+        gpu,
+        target_weights,
+        "Init torch distributed ends. elapsed=0.19 s, mem usage=0.09 GB",
+    )
+    if has_draft_model:
+        eagle3 = server.args.speculative_algorithm == "EAGLE3"
+        draft_type = f"{architecture}{'Eagle3' if eagle3 else 'NextN'}"
+        avail = _load_model_weights(
+            wait,
+            "draft_weights",
+            draft_type,
+            avail,
+            memory.weights_gb - target_weights,
+            "Init torch distributed ends. elapsed=0.00 s, mem usage=0.00 GB",
+        )
+    return avail
+
+
+def _load_model_weights(
+    wait: Callable[[str], float],
+    phase: str,
+    model_type: str,
+    avail: float,
+    usage: float,
+    distributed_ends: str,
+) -> float:
+    """One model's torch-distributed init (``distributed_ends``: its closing line) and weight
+    load, ``usage`` GB of the ``avail`` GB; the GPU memory left (GB)."""
+    scheduler_log.info("Init torch distributed begin.")
+    scheduler_log.info(distributed_ends)
+    scheduler_log.info("Load weight begin. avail mem=%.2f GB", avail)
+    elapsed = wait(phase)
+    avail -= usage
     scheduler_log.info(
         "Load weight end. elapsed=%.2f s, type=%s, dtype=torch.bfloat16, avail mem=%.2f GB, "
         "mem usage=%.2f GB.",
         elapsed,
-        architecture,
-        gpu - target_weights,
-        target_weights,
+        model_type,
+        avail,
+        usage,
     )
-    avail = gpu - target_weights
-    if has_draft_model:
-        scheduler_log.info("Init torch distributed begin.")
-        scheduler_log.info("Init torch distributed ends. elapsed=0.00 s, mem usage=0.00 GB")
-        scheduler_log.info("Load weight begin. avail mem=%.2f GB", avail)
-        elapsed = wait("draft_weights")
-        draft = memory.weights_gb - target_weights
-        avail -= draft
-        scheduler_log.info(
-            "Load weight end. elapsed=%.2f s, type=%s, dtype=torch.bfloat16, avail mem=%.2f GB, "
-            "mem usage=%.2f GB.",
-            elapsed,
-            draft_type,
-            avail,
-            draft,
-        )
+    return avail
+
+
+def _allocate_kv_pools(
+    server: SimServer, avail: float, wait: Callable[[str], float], has_draft_model: bool
+) -> float:
+    """The KV cache: one pool, or from 0.5.14 on one per model (target 80 %, draft 20 %); the
+    GPU memory left (GB)."""
+    memory, era = server.memory, server.era
     wait("kv_pool")
     pools = [memory.kv_cache_gb]
     if has_draft_model and era.graph_capture_per_graph:
@@ -153,24 +199,30 @@ def run_load_phases(server: SimServer) -> None:
             )
         avail -= pool
         scheduler_log.info("Memory pool end. avail mem=%.2f GB", avail)
-    if server.sim.fault == "exit-during-load":
-        # dies inside the first capture, as real SGLang does when capture runs out of memory
-        if era.graph_capture_per_graph:
-            scheduler_log.info(
-                "Capture target prefill CUDA graph begin. backend=breakable, avail mem=%.2f GB",
-                avail,
-            )
-        else:
-            scheduler_log.info(
-                "Capture cuda graph begin. This can take up to several minutes. avail mem=%.2f GB",
-                avail,
-            )
-        time.sleep(seconds * server.constants.load_shares["cuda_graph"] / total_share / 2)
-        fail_during_load()
-    if era.graph_capture_per_graph:
-        avail = _capture_per_graph(server, avail, wait)
-    elif graphs:
-        avail = _capture_legacy(server, avail, wait)
+    return avail
+
+
+def _die_in_first_capture(server: SimServer, avail: float, clock: _LoadClock) -> None:
+    """The ``exit-during-load`` fault: the first CUDA-graph capture begins, and half-way
+    through it the server dies."""
+    # dies inside the first capture, as real SGLang does when capture runs out of memory
+    if server.era.graph_capture_per_graph:
+        scheduler_log.info(
+            "Capture target prefill CUDA graph begin. backend=breakable, avail mem=%.2f GB",
+            avail,
+        )
+    else:
+        scheduler_log.info(
+            "Capture cuda graph begin. This can take up to several minutes. avail mem=%.2f GB",
+            avail,
+        )
+    time.sleep(clock.seconds * server.constants.load_shares["cuda_graph"] / clock.total_share / 2)
+    fail_during_load()
+
+
+def _log_memory_summary(server: SimServer, avail: float) -> None:
+    """SGLang's closing line of the load: token and request limits, GPU memory left."""
+    args, memory = server.args, server.memory
     scheduler_log.info(
         "max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=%d, "
         "max_running_requests=%d, context_len=%d, available_gpu_mem=%.2f GB",

@@ -230,8 +230,23 @@ def _add_sglang_flag(group: argparse._ArgumentGroup, flag: sglang_releases.FlagS
 def build_parser(release: str | None = None) -> argparse.ArgumentParser:
     """The command line of SGLang ``release`` (default: the newest supported) plus ``--sim-*``."""
     release = release or sglang_releases.newest()
+    parser = _new_parser(release)
+    _add_sglang_args(parser, release)
+    sim = parser.add_argument_group("simulation knobs (pytest-specdecode only)")
+    # In this order in --help: timing, noise and seed, fault, release, launch variance.
+    _add_timing_knobs(sim)
+    _add_noise_knobs(sim)
+    _add_fault_knob(sim)
+    _add_release_knob(sim)
+    _add_launch_knobs(sim)
+    return parser
+
+
+def _new_parser(release: str) -> argparse.ArgumentParser:
+    """The parser itself: SGLang's program name for ``release``, the simulator's description and
+    the epilog naming the environment's test knobs."""
     era = versions.era(release)
-    parser = argparse.ArgumentParser(
+    return argparse.ArgumentParser(
         prog=era.prog,
         description=(
             "A simulated SGLang server (no GPU): SGLang's HTTP API, load phases and log lines, "
@@ -248,13 +263,19 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
             f"{versions.ENV_SGLANG_VERSION} is the default of --sim-sglang-version."
         ),
     )
+
+
+def _add_sglang_args(parser: argparse.ArgumentParser, release: str) -> None:
+    """Every flag ``release``'s ``launch_server`` declares, in one group."""
     sglang = parser.add_argument_group(
         f"SGLang server arguments (as python -m sglang.launch_server of SGLang {release})"
     )
     for flag in sglang_releases.flags(release):
         _add_sglang_flag(sglang, flag)
 
-    sim = parser.add_argument_group("simulation knobs (pytest-specdecode only)")
+
+def _add_timing_knobs(sim: argparse._ArgumentGroup) -> None:
+    """How long loading takes, how fast the model runs, and an injected regression of both."""
     sim.add_argument(
         "--sim-load-seconds",
         type=_non_negative_float,
@@ -279,6 +300,10 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
         default=1.0,
         help="multiply draft acceptance probabilities by F (capped at 1)",
     )
+
+
+def _add_noise_knobs(sim: argparse._ArgumentGroup) -> None:
+    """Run-to-run noise (a CV or a measured preset) and the seed of all simulated randomness."""
     sim.add_argument(
         "--sim-noise-cv",
         type=_non_negative_float,
@@ -307,6 +332,10 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
         default=None,
         help="seed of all simulated randomness (default: --random-seed, else random)",
     )
+
+
+def _add_fault_knob(sim: argparse._ArgumentGroup) -> None:
+    """The injected fault (``FAULT_KINDS``)."""
     sim.add_argument(
         "--sim-fault",
         type=_fault,
@@ -319,6 +348,10 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
             "warm-up"
         ),
     )
+
+
+def _add_release_knob(sim: argparse._ArgumentGroup) -> None:
+    """The SGLang release spoken (read before parsing too: ``requested_release``)."""
     sim.add_argument(
         "--sim-sglang-version",
         default=None,
@@ -329,6 +362,10 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
             f"${versions.ENV_SGLANG_VERSION}, else {sglang_releases.newest()})"
         ),
     )
+
+
+def _add_launch_knobs(sim: argparse._ArgumentGroup) -> None:
+    """Launch-to-launch variance: the CV of a launch's speed factor and the seed drawing it."""
     sim.add_argument(
         "--sim-launch-cv",
         type=_non_negative_float,
@@ -347,7 +384,6 @@ def build_parser(release: str | None = None) -> argparse.ArgumentParser:
             "one per launch, reported in /server_info as sim_launch_seed)"
         ),
     )
-    return parser
 
 
 def _looks_like_llama_or_grok(model_path: str) -> bool:
@@ -471,6 +507,42 @@ def _check_ports(release: str, server: ServerArgs, env: Mapping[str, str]) -> No
                 )
 
 
+@dataclass(frozen=True)
+class _Flags:
+    """The flags given on the command line, over the release's declared field defaults."""
+
+    given: Mapping[str, Any]
+    defaults: Mapping[str, Any]
+
+    def get(self, name: str, fallback: Any = None) -> Any:
+        """The given value, else the release's default, else ``fallback`` (for ``None``)."""
+        value = self.given.get(name, self.defaults.get(name))
+        return fallback if value is None else value
+
+
+@dataclass
+class _Speculative:
+    """The speculative-decoding settings while they are resolved, with the notes SGLang logs."""
+
+    algorithm: str | None
+    steps: int | None
+    topk: int | None
+    draft_tokens: int | None
+    max_running: int | None
+    disable_overlap: bool
+    enable_mixed_chunk: bool
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Seeds:
+    """The simulator's seed, SGLang's ``--random-seed`` and this launch's seed."""
+
+    sim: int
+    random: int
+    launch: int
+
+
 def resolve(
     namespace: argparse.Namespace,
     unknown: Sequence[str] = (),
@@ -483,6 +555,26 @@ def resolve(
     release = release or sglang_releases.newest()
     era = versions.era(release)
     ns = vars(namespace)
+    values = _sglang_values(ns)
+    flags = _Flags(values, sglang_releases.field_defaults(release))
+    algorithm = _speculative_algorithm(flags)
+    model_path: str = values["model_path"]
+    spec = _resolve_speculative(algorithm, flags, model_path, era)
+    seeds = _seeds(ns, flags)
+    crash_after = _crash_after(ns["sim_fault"])
+    server = _server_args(flags, model_path, spec, seeds.random)
+    _check_ports(release, server, env or {})
+    return ResolvedArgs(
+        server=server,
+        sim=_sim_options(ns, unknown, server, seeds, crash_after),
+        notes=tuple(spec.notes),
+        release=release,
+        fields=echo_fields(release, server, values),
+    )
+
+
+def _sglang_values(ns: Mapping[str, Any]) -> dict[str, Any]:
+    """The SGLang flags given (``--sim-*`` left out), under the dests this simulator reads."""
     values: dict[str, Any] = {k: v for k, v in ns.items() if not k.startswith("sim_")}
     # Aliases across releases: old dests and deprecated spellings of the same setting.
     if "tensor_parallel_size" in values:
@@ -491,115 +583,148 @@ def resolve(
         values.setdefault("stream_output", True)
     if values.get("cuda_graph_max_bs_decode") is not None:
         values.setdefault("cuda_graph_max_bs", values["cuda_graph_max_bs_decode"])
-    defaults = sglang_releases.field_defaults(release)
+    return values
 
-    def get(name: str, fallback: Any = None) -> Any:
-        value = values.get(name, defaults.get(name))
-        return fallback if value is None else value
 
-    notes: list[str] = []
-    algorithm: str | None = get("speculative_algorithm")
+def _speculative_algorithm(flags: _Flags) -> str | None:
+    """``--speculative-algorithm`` upper-cased; ``StartupError`` for one not simulated."""
+    algorithm: str | None = flags.get("speculative_algorithm")
     if algorithm is not None and algorithm.upper() not in SPECULATIVE_ALGORITHMS:
         raise StartupError(
             f"speculative_algorithm {algorithm!r} is not simulated; choose one of "
             f"{', '.join(SPECULATIVE_ALGORITHMS)}"
         )
-    algorithm = algorithm.upper() if algorithm else None
-    model_path: str = values["model_path"]
-    steps, topk, draft_tokens = (
-        get("speculative_num_steps"),
-        get("speculative_eagle_topk"),
-        get("speculative_num_draft_tokens"),
+    return algorithm.upper() if algorithm else None
+
+
+def _resolve_speculative(
+    algorithm: str | None, flags: _Flags, model_path: str, era: versions.Era
+) -> _Speculative:
+    """SGLang's speculative-decoding rules: NEXTN is EAGLE; the draft-model algorithms cap the
+    running requests, settle overlap scheduling and the draft tree; NGRAM sizes its own tree."""
+    spec = _Speculative(
+        algorithm="EAGLE" if algorithm == "NEXTN" else algorithm,
+        steps=flags.get("speculative_num_steps"),
+        topk=flags.get("speculative_eagle_topk"),
+        draft_tokens=flags.get("speculative_num_draft_tokens"),
+        max_running=flags.get("max_running_requests"),
+        disable_overlap=bool(flags.get("disable_overlap_schedule", False)),
+        enable_mixed_chunk=bool(flags.get("enable_mixed_chunk", False)),
     )
-    max_running = get("max_running_requests")
-    disable_overlap = bool(get("disable_overlap_schedule", False))
-    enable_mixed_chunk = bool(get("enable_mixed_chunk", False))
-    if algorithm == "NEXTN":
-        algorithm = "EAGLE"
-    if algorithm in CAPPED_ALGORITHMS:
-        if max_running is None:
-            max_running = 48
-            notes.append(
+    if spec.algorithm in CAPPED_ALGORITHMS:
+        if spec.max_running is None:
+            spec.max_running = 48
+            spec.notes.append(
                 "Max running requests is reset to 48 for speculative decoding. You can override "
                 "this by explicitly setting --max-running-requests."
             )
-        if not era.spec_v2_default:
-            disable_overlap = True
-            notes.append(
-                "Overlap scheduler is disabled because of using eagle3 or standalone speculative "
-                "decoding."
-            )
-        elif not era.spec_v2_only:
-            reason = None
-            if topk is not None and topk > 1 and not disable_overlap:
-                disable_overlap = True
-                reason = "spec v2 currently only supports topk = 1"
-            if disable_overlap:
-                notes.append(
-                    "Spec v1 is used for eagle/eagle3/standalone speculative decoding because "
-                    f"{reason or 'overlap schedule is disabled'}."
-                )
-            else:
-                notes.append(
-                    "Spec v2 is enabled by default for eagle/eagle3/standalone speculative "
-                    "decoding."
-                )
-        elif disable_overlap:
-            notes.append(
-                "Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone "
-                "speculative decoding."
-            )
-        if enable_mixed_chunk:
-            enable_mixed_chunk = False
-            notes.append(
+        _settle_overlap_schedule(spec, era)
+        if spec.enable_mixed_chunk:
+            spec.enable_mixed_chunk = False
+            spec.notes.append(
                 "Mixed chunked prefill is disabled because of using eagle speculative decoding."
             )
-        if algorithm == "STANDALONE":
-            auto = (3, 1, 4)
-        else:
-            auto = (5, 4, 8) if _looks_like_llama_or_grok(model_path) else (3, 1, 4)
-        if steps is None and topk is None and draft_tokens is None:
-            steps, topk, draft_tokens = auto
-            notes.append(
-                "Auto choose speculative parameters: "
-                f"{steps=}, {topk=}, num_draft_tokens={draft_tokens}. "
-                "Set --speculative-num-steps, --speculative-eagle-topk and "
-                "--speculative-num-draft-tokens together to override."
+        _choose_draft_tree(spec, model_path)
+    elif spec.algorithm == "NGRAM":
+        _resolve_ngram(spec, flags, era)
+    return spec
+
+
+def _settle_overlap_schedule(spec: _Speculative, era: versions.Era) -> None:
+    """Overlap scheduling with a draft model: off before spec v2; with spec v2 as the default,
+    spec v1 (no overlap) for topk > 1 or when overlap is disabled; spec v2 only: as given."""
+    if not era.spec_v2_default:
+        spec.disable_overlap = True
+        spec.notes.append(
+            "Overlap scheduler is disabled because of using eagle3 or standalone speculative "
+            "decoding."
+        )
+    elif not era.spec_v2_only:
+        reason = None
+        if spec.topk is not None and spec.topk > 1 and not spec.disable_overlap:
+            spec.disable_overlap = True
+            reason = "spec v2 currently only supports topk = 1"
+        if spec.disable_overlap:
+            spec.notes.append(
+                "Spec v1 is used for eagle/eagle3/standalone speculative decoding because "
+                f"{reason or 'overlap schedule is disabled'}."
             )
         else:
-            steps = auto[0] if steps is None else steps
-            topk = auto[1] if topk is None else topk
-            draft_tokens = auto[2] if draft_tokens is None else draft_tokens
-        if topk == 1 and draft_tokens != steps + 1:
-            notes.append(
-                "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
-                "speculative_eagle_topk == 1"
+            spec.notes.append(
+                "Spec v2 is enabled by default for eagle/eagle3/standalone speculative decoding."
             )
-            draft_tokens = steps + 1
-    elif algorithm == "NGRAM":
-        # NGRAM has no draft model: its tree is as wide as --speculative-ngram-max-bfs-breadth.
-        topk = get("speculative_ngram_max_bfs_breadth", 10)
-        if draft_tokens is None:
-            draft_tokens = 12
-            notes.append(
-                "speculative_num_draft_tokens is set to 12 by default for ngram speculative "
-                "decoding. You can override this by explicitly setting "
-                "--speculative-num-draft-tokens."
-            )
-        if era.ngram_disables_overlap:
-            disable_overlap = True
-    sim_seed = ns["sim_seed"] if ns["sim_seed"] is not None else get("random_seed")
+    elif spec.disable_overlap:
+        spec.notes.append(
+            "Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone "
+            "speculative decoding."
+        )
+
+
+def _choose_draft_tree(spec: _Speculative, model_path: str) -> None:
+    """Steps, topk and draft tokens of a draft model: all three automatic when none is given
+    (a wider tree for Llama and Grok targets), else the missing ones; with topk 1 (a chain) the
+    draft tokens are steps + 1."""
+    if spec.algorithm == "STANDALONE":
+        auto = (3, 1, 4)
+    else:
+        auto = (5, 4, 8) if _looks_like_llama_or_grok(model_path) else (3, 1, 4)
+    if spec.steps is None and spec.topk is None and spec.draft_tokens is None:
+        steps, topk, draft_tokens = auto
+        spec.notes.append(
+            "Auto choose speculative parameters: "
+            f"{steps=}, {topk=}, num_draft_tokens={draft_tokens}. "
+            "Set --speculative-num-steps, --speculative-eagle-topk and "
+            "--speculative-num-draft-tokens together to override."
+        )
+    else:
+        steps = auto[0] if spec.steps is None else spec.steps
+        topk = auto[1] if spec.topk is None else spec.topk
+        draft_tokens = auto[2] if spec.draft_tokens is None else spec.draft_tokens
+    if topk == 1 and draft_tokens != steps + 1:
+        spec.notes.append(
+            "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+            "speculative_eagle_topk == 1"
+        )
+        draft_tokens = steps + 1
+    spec.steps, spec.topk, spec.draft_tokens = steps, topk, draft_tokens
+
+
+def _resolve_ngram(spec: _Speculative, flags: _Flags, era: versions.Era) -> None:
+    """NGRAM's tree and budget, and the releases where it turns overlap scheduling off."""
+    # NGRAM has no draft model: its tree is as wide as --speculative-ngram-max-bfs-breadth.
+    spec.topk = flags.get("speculative_ngram_max_bfs_breadth", 10)
+    if spec.draft_tokens is None:
+        spec.draft_tokens = 12
+        spec.notes.append(
+            "speculative_num_draft_tokens is set to 12 by default for ngram speculative "
+            "decoding. You can override this by explicitly setting "
+            "--speculative-num-draft-tokens."
+        )
+    if era.ngram_disables_overlap:
+        spec.disable_overlap = True
+
+
+def _seeds(ns: Mapping[str, Any], flags: _Flags) -> _Seeds:
+    """The sim seed (``--sim-seed``, else ``--random-seed``, else random), SGLang's random seed
+    (else the sim seed) and the launch seed (``--sim-launch-seed``, else random)."""
+    sim_seed = ns["sim_seed"] if ns["sim_seed"] is not None else flags.get("random_seed")
     if sim_seed is None:
         sim_seed = random.SystemRandom().randint(0, (1 << 30) - 1)
-    random_seed = get("random_seed", sim_seed)
-    crash_after = None
-    if ns["sim_fault"] and re.match(r"(crash|hang)-after:", ns["sim_fault"]):
-        crash_after = int(ns["sim_fault"].split(":", 1)[1])
+    random_seed = flags.get("random_seed", sim_seed)
     launch_seed = ns["sim_launch_seed"]
     if launch_seed is None:
         launch_seed = random.SystemRandom().randint(0, (1 << 30) - 1)
+    return _Seeds(sim=sim_seed, random=random_seed, launch=launch_seed)
+
+
+def _server_args(
+    flags: _Flags, model_path: str, spec: _Speculative, random_seed: int
+) -> ServerArgs:
+    """The resolved ``ServerArgs``: the given flags, else SGLang's defaults, with the speculative
+    settings as resolved."""
+    get = flags.get
     cuda_graph_max_bs = get("cuda_graph_max_bs")
-    server = ServerArgs(
+    return ServerArgs(
         model_path=model_path,
         tokenizer_path=get("tokenizer_path", model_path),
         tokenizer_mode=get("tokenizer_mode", "auto"),
@@ -617,7 +742,7 @@ def resolve(
         grpc_port=get("grpc_port"),
         # SGLang derives these from the GPU's memory; the simulated GPU is a 96 GB card.
         mem_fraction_static=float(get("mem_fraction_static", 0.88)),
-        max_running_requests=max_running,
+        max_running_requests=spec.max_running,
         max_total_tokens=get("max_total_tokens"),
         chunked_prefill_size=int(get("chunked_prefill_size", 8192)),
         max_prefill_tokens=int(get("max_prefill_tokens", 16384)),
@@ -625,7 +750,7 @@ def resolve(
         schedule_conservativeness=float(get("schedule_conservativeness", 1.0)),
         cuda_graph_max_bs=int(cuda_graph_max_bs)
         if cuda_graph_max_bs is not None
-        else min(max_running or 160, 160),
+        else min(spec.max_running or 160, 160),
         disable_cuda_graph=bool(get("disable_cuda_graph", False)),
         tp_size=int(get("tp_size", 1)),
         dp_size=int(get("dp_size", 1)),
@@ -643,11 +768,11 @@ def resolve(
         enable_metrics=bool(get("enable_metrics", False)),
         enable_cache_report=bool(get("enable_cache_report", False)),
         api_key=get("api_key"),
-        speculative_algorithm=algorithm,
+        speculative_algorithm=spec.algorithm,
         speculative_draft_model_path=get("speculative_draft_model_path"),
-        speculative_num_steps=steps,
-        speculative_eagle_topk=topk,
-        speculative_num_draft_tokens=draft_tokens,
+        speculative_num_steps=spec.steps,
+        speculative_eagle_topk=spec.topk,
+        speculative_num_draft_tokens=spec.draft_tokens,
         speculative_accept_threshold_single=float(get("speculative_accept_threshold_single", 1.0)),
         speculative_accept_threshold_acc=float(get("speculative_accept_threshold_acc", 1.0)),
         speculative_token_map=get("speculative_token_map"),
@@ -655,41 +780,52 @@ def resolve(
         num_continuous_decode_steps=max(1, int(get("num_continuous_decode_steps", 1))),
         disable_custom_all_reduce=bool(get("disable_custom_all_reduce", False)),
         disable_radix_cache=bool(get("disable_radix_cache", False)),
-        disable_overlap_schedule=disable_overlap,
-        enable_mixed_chunk=enable_mixed_chunk,
+        disable_overlap_schedule=spec.disable_overlap,
+        enable_mixed_chunk=spec.enable_mixed_chunk,
         attention_backend=get("attention_backend"),
         skip_server_warmup=bool(get("skip_server_warmup", False)),
         weight_version=get("weight_version", "default"),
     )
-    _check_ports(release, server, env or {})
+
+
+def _crash_after(fault: str | None) -> int | None:
+    """The N of a ``crash-after:N`` or ``hang-after:N`` fault: requests served before it."""
+    if fault and re.match(r"(crash|hang)-after:", fault):
+        return int(fault.split(":", 1)[1])
+    return None
+
+
+def _sim_options(
+    ns: Mapping[str, Any],
+    unknown: Sequence[str],
+    server: ServerArgs,
+    seeds: _Seeds,
+    crash_after: int | None,
+) -> SimOptions:
+    """The ``--sim-*`` knobs, with the noise chosen for this server's configuration."""
     chosen = noise.resolve_noise(
         ns["sim_noise_preset"],
         ns["sim_noise_cv"],
         ns["sim_launch_cv"],
         tp_size=server.tp_size,
         cuda_graph=not server.disable_cuda_graph,
-        speculative_steps=(server.speculative_num_steps or 0) if algorithm else 0,
+        speculative_steps=(server.speculative_num_steps or 0)
+        if server.speculative_algorithm
+        else 0,
     )
-    sim = SimOptions(
+    return SimOptions(
         load_seconds=ns["sim_load_seconds"],
         speed=ns["sim_speed"],
         slowdown=ns["sim_slowdown"],
         accept_scale=ns["sim_accept_scale"],
         noise_cv=chosen.run_cv,
-        seed=sim_seed,
+        seed=seeds.sim,
         fault=ns["sim_fault"],
         crash_after=crash_after,
         unknown_args=tuple(unknown),
         launch_cv=chosen.launch_cv,
-        launch_seed=launch_seed,
+        launch_seed=seeds.launch,
         noise_choice=chosen,
-    )
-    return ResolvedArgs(
-        server=server,
-        sim=sim,
-        notes=tuple(notes),
-        release=release,
-        fields=echo_fields(release, server, values),
     )
 
 
