@@ -29,7 +29,7 @@ from pytest_specdecode.profiles.fields import (
     llamacpp_speculative,
     sglang_speculative,
 )
-from pytest_specdecode.profiles.kinds.base import SGLANG_MODULE
+from pytest_specdecode.profiles.kinds.base import SGLANG_MODULE, ServerKind
 from pytest_specdecode.profiles.kinds.llamacpp import LAUNCHER as LLAMACPP
 from pytest_specdecode.profiles.kinds.registry import kind_of
 from pytest_specdecode.profiles.kinds.sim import SIM_MODULE
@@ -388,6 +388,8 @@ class _Loader:
         overlay: Mapping[str, Any],
         target: str,
     ) -> ServerProfile:
+        """One profile under one target: [defaults], then its own table, then the target's
+        overlay; every rule across keys and tables checked on the result."""
         merged = {**defaults, **own}
         where = self.where(f"profiles.{name}")
         if kind_of(merged.get("launcher", DEFAULT_LAUNCHER)).llamacpp_options:
@@ -395,22 +397,23 @@ class _Loader:
             # simulated server or a container) does not apply to it.
             return self._build_llamacpp(name, merged, own, where, target)
         own_layers = {**own, **overlay}
-        for key in LLAMACPP_ONLY_KEYS:
-            if key in own_layers:
-                _fail(
-                    where,
-                    key,
-                    own_layers[key],
-                    f'it is a key of launcher "{LLAMACPP}" profiles only; remove it',
-                )
-            merged.pop(key, None)  # inherited from [defaults]: meant for llama.cpp profiles
-        for key, value in overlay.items():
-            if key == "extra_args":
-                merged[key] = (*merged.get(key, ()), *value)
-            else:
-                merged[key] = value
+        _drop_llamacpp_keys(merged, own_layers, where)
+        _apply_overlay(merged, overlay)
         if target != TARGET_REAL:
             where += f" with [targets.{target}]"
+        return self._build_sglang(name, merged, own_layers, where, target)
+
+    def _build_sglang(
+        self,
+        name: str,
+        merged: Mapping[str, Any],
+        own_layers: Mapping[str, Any],
+        where: str,
+        target: str,
+    ) -> ServerProfile:
+        """An SGLang-like profile (the real server, the simulated one, or either in a
+        container) from its merged keys; ``own_layers``: the keys its own table and the
+        target's overlay wrote, not inherited from [defaults]."""
         if "model_path" not in merged:
             raise ConfigError(
                 "model_path is missing: set it in the profile or in [defaults]", source=where
@@ -419,47 +422,53 @@ class _Loader:
         tp_size: int = merged.get("tp_size", 1)
         extra_args: tuple[str, ...] = tuple(merged.get("extra_args", ()))
         kind = kind_of(launcher)
-        server_module: str | None = merged.get("server_module")
-        if server_module is not None and not kind.takes_server_module:
-            raise ConfigError(
-                f"server_module = {server_module!r} does not apply to launcher {launcher!r}, "
-                f"which always runs {SIM_MODULE}; remove it",
-                source=where,
-            )
+        server_module = _server_module(merged, kind, launcher, where)
         simulated = kind.simulated or server_module == SIM_MODULE
         if not simulated:
-            sim_flags = [flag for flag, _ in flag_groups(extra_args) if flag.startswith("--sim-")]
-            if sim_flags:
-                raise ConfigError(
-                    f"extra_args {sim_flags} are knobs of the simulated server, but launcher "
-                    f"is {launcher!r} running {server_module or SGLANG_MODULE}; put them in a "
-                    f"[targets.sim] overlay (or set server_module = {SIM_MODULE!r})",
-                    source=where,
-                )
-        gpus = merged.get("gpus")
-        if gpus is None:
-            gpus = () if simulated else tuple(range(tp_size))
-        if not simulated and len(gpus) < tp_size:
-            raise ConfigError(
-                f"gpus = {list(gpus)} gives {len(gpus)} GPU(s), but tp_size = {tp_size} needs "
-                f"at least {tp_size}; list more GPUs or leave gpus out (default: the first "
-                "tp_size GPUs)",
-                source=where,
-            )
-        docker = None
-        if kind.in_container:
-            if "image" not in merged:
-                raise ConfigError(
-                    f'launcher "{launcher}" needs image = "..." '
-                    '(e.g. "lmsysorg/sglang:v0.5.15-cu129")',
-                    source=where,
-                )
-            docker = DockerOptions(
-                image=merged["image"],
-                shm_size=merged.get("shm_size", DEFAULT_SHM_SIZE),
-                volumes=merged.get("volumes", FrozenMap()),
-                network=merged.get("network", "host"),
-            )
+            _refuse_sim_flags(extra_args, launcher, server_module, where)
+        gpus = _gpus(merged, simulated, tp_size, where)
+        docker = _docker_options(merged, kind, launcher, where)
+        hosts = self._placement(merged, own_layers, kind, target, where)
+        env_sets: tuple[str, ...] = merged.get("env", ())
+        spec = merged.get("speculative")
+        profile = ServerProfile(
+            name=name,
+            description=merged.get("description", ""),
+            launcher=launcher,
+            model_path=merged["model_path"],
+            tp_size=tp_size,
+            speculative=sglang_speculative(spec) if spec is not None else None,
+            mem_fraction_static=merged.get("mem_fraction_static"),
+            extra_args=extra_args,
+            env_sets=env_sets,
+            env=self._merged_env(name, env_sets),
+            gpus=gpus,
+            host=merged.get("host", DEFAULT_HOST),
+            port=merged.get("port"),
+            startup_timeout=merged.get("startup_timeout", DEFAULT_STARTUP_TIMEOUT),
+            warmup_requests=merged.get("warmup_requests", DEFAULT_WARMUP_REQUESTS),
+            server_module=server_module,
+            python=merged.get("python") if kind.own_python else None,
+            docker=docker,
+            api_key_env=merged.get("api_key_env"),
+            target=target,
+            source=where,
+            hosts=hosts if kind.placed_on_hosts else (),
+        )
+        self._warn_sglang_env(profile, env_sets)
+        return profile
+
+    def _placement(
+        self,
+        merged: Mapping[str, Any],
+        own_layers: Mapping[str, Any],
+        kind: ServerKind,
+        target: str,
+        where: str,
+    ) -> tuple[str, ...]:
+        """``hosts``: the [hosts.NAME] a profile runs on, each one defined in the file; under
+        the real target, only a kind placed on hosts (docker) may set them in its own table
+        or overlay."""
         hosts: tuple[str, ...] = merged.get("hosts", ())
         if "hosts" in own_layers and not kind.placed_on_hosts and target == TARGET_REAL:
             _fail(
@@ -478,32 +487,11 @@ class _Loader:
                 f"{unknown} {'is' if len(unknown) == 1 else 'are'} not defined; defined: "
                 f"{', '.join(self.hosts) or 'none'} (add [hosts.NAME] tables)",
             )
-        env_sets: tuple[str, ...] = merged.get("env", ())
-        spec = merged.get("speculative")
-        profile = ServerProfile(
-            name=name,
-            description=merged.get("description", ""),
-            launcher=launcher,
-            model_path=merged["model_path"],
-            tp_size=tp_size,
-            speculative=sglang_speculative(spec) if spec is not None else None,
-            mem_fraction_static=merged.get("mem_fraction_static"),
-            extra_args=extra_args,
-            env_sets=env_sets,
-            env=self._merged_env(name, env_sets),
-            gpus=tuple(gpus),
-            host=merged.get("host", DEFAULT_HOST),
-            port=merged.get("port"),
-            startup_timeout=merged.get("startup_timeout", DEFAULT_STARTUP_TIMEOUT),
-            warmup_requests=merged.get("warmup_requests", DEFAULT_WARMUP_REQUESTS),
-            server_module=server_module,
-            python=merged.get("python") if kind.own_python else None,
-            docker=docker,
-            api_key_env=merged.get("api_key_env"),
-            target=target,
-            source=where,
-            hosts=hosts if kind.placed_on_hosts else (),
-        )
+        return hosts
+
+    def _warn_sglang_env(self, profile: ServerProfile, env_sets: Sequence[str]) -> None:
+        """Warn about the profile's variables that SGLang overwrites, each named with the
+        [env.NAME] table it was written in."""
         # Where each variable was written: the last of the profile's sets that holds it wins.
         origin = {
             var: self.where(f"env.{set_name}")
@@ -511,7 +499,6 @@ class _Loader:
             for var in self.env_sets[set_name]
         }
         self.warnings.extend(sglang_env_warnings(profile, origin))
-        return profile
 
     def _build_llamacpp(
         self,
@@ -581,3 +568,94 @@ class _Loader:
                     )
                 merged[var], origin[var] = value, set_name
         return FrozenMap(merged)
+
+
+# -- the SGLang profile's rules across keys ---------------------------------------------------
+
+
+def _drop_llamacpp_keys(merged: dict[str, Any], own_layers: Mapping[str, Any], where: str) -> None:
+    """Refuse a llama.cpp key the profile's own table or the target's overlay wrote; drop one
+    inherited from [defaults]."""
+    for key in LLAMACPP_ONLY_KEYS:
+        if key in own_layers:
+            _fail(
+                where,
+                key,
+                own_layers[key],
+                f'it is a key of launcher "{LLAMACPP}" profiles only; remove it',
+            )
+        merged.pop(key, None)  # inherited from [defaults]: meant for llama.cpp profiles
+
+
+def _apply_overlay(merged: dict[str, Any], overlay: Mapping[str, Any]) -> None:
+    """The target's overlay on top: its keys replace the profile's, except ``extra_args``,
+    which it appends to."""
+    for key, value in overlay.items():
+        if key == "extra_args":
+            merged[key] = (*merged.get(key, ()), *value)
+        else:
+            merged[key] = value
+
+
+def _server_module(
+    merged: Mapping[str, Any], kind: ServerKind, launcher: str, where: str
+) -> str | None:
+    """``server_module``, refused for a launcher that always runs the simulated server."""
+    server_module: str | None = merged.get("server_module")
+    if server_module is not None and not kind.takes_server_module:
+        raise ConfigError(
+            f"server_module = {server_module!r} does not apply to launcher {launcher!r}, "
+            f"which always runs {SIM_MODULE}; remove it",
+            source=where,
+        )
+    return server_module
+
+
+def _refuse_sim_flags(
+    extra_args: tuple[str, ...], launcher: str, server_module: str | None, where: str
+) -> None:
+    """A real server's ``extra_args`` must not hold the simulated server's ``--sim-*`` knobs."""
+    sim_flags = [flag for flag, _ in flag_groups(extra_args) if flag.startswith("--sim-")]
+    if sim_flags:
+        raise ConfigError(
+            f"extra_args {sim_flags} are knobs of the simulated server, but launcher "
+            f"is {launcher!r} running {server_module or SGLANG_MODULE}; put them in a "
+            f"[targets.sim] overlay (or set server_module = {SIM_MODULE!r})",
+            source=where,
+        )
+
+
+def _gpus(merged: Mapping[str, Any], simulated: bool, tp_size: int, where: str) -> tuple[int, ...]:
+    """``gpus``: by default none for a simulated server, else the first ``tp_size``; a real
+    server's list must give ``tp_size`` GPUs at least."""
+    gpus = merged.get("gpus")
+    if gpus is None:
+        gpus = () if simulated else tuple(range(tp_size))
+    if not simulated and len(gpus) < tp_size:
+        raise ConfigError(
+            f"gpus = {list(gpus)} gives {len(gpus)} GPU(s), but tp_size = {tp_size} needs "
+            f"at least {tp_size}; list more GPUs or leave gpus out (default: the first "
+            "tp_size GPUs)",
+            source=where,
+        )
+    return tuple(gpus)
+
+
+def _docker_options(
+    merged: Mapping[str, Any], kind: ServerKind, launcher: str, where: str
+) -> DockerOptions | None:
+    """The container's settings of a launcher that runs in one (``image`` required), else
+    ``None``."""
+    if not kind.in_container:
+        return None
+    if "image" not in merged:
+        raise ConfigError(
+            f'launcher "{launcher}" needs image = "..." (e.g. "lmsysorg/sglang:v0.5.15-cu129")',
+            source=where,
+        )
+    return DockerOptions(
+        image=merged["image"],
+        shm_size=merged.get("shm_size", DEFAULT_SHM_SIZE),
+        volumes=merged.get("volumes", FrozenMap()),
+        network=merged.get("network", "host"),
+    )

@@ -97,34 +97,7 @@ def _toml(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def profile_text(spec: SuiteSpec) -> str:
-    """The text of the profile file."""
-    env_line = 'env = "nccl"' if spec.nccl else '# env = "nccl"'
-    if spec.nccl:
-        env_table = "[env.nccl]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in spec.nccl.items())
-    else:
-        env_table = '[env.nccl]\n# NCCL_PROTO = "LL"\n# NCCL_ALGO = "Ring"\n'
-    if spec.algorithm == "eagle3":
-        assert spec.draft_model is not None  # SuiteSpec checks it
-        speculative = f"""\
-# speculative: the draft and its shape (SGLang's --speculative-* flags). With eagle_topk = 1
-# SGLang takes num_draft_tokens = num_steps + 1. Leave the table out for no speculation.
-[profiles.{spec.profile}.speculative]
-algorithm = "EAGLE3"                # EAGLE, EAGLE3, NEXTN, STANDALONE or NGRAM
-draft_model_path = {_toml(spec.draft_model)}   # the draft model
-num_steps = {spec.steps}                       # draft steps per verify
-eagle_topk = 1                      # branches per step
-num_draft_tokens = {spec.steps + 1}                # tokens verified per step
-"""
-        what = f"EAGLE3 {spec.steps}-step"
-    else:
-        speculative = (
-            "# speculative: none. Add a [profiles.NAME.speculative] table (algorithm,\n"
-            "# draft_model_path, num_steps, eagle_topk, num_draft_tokens) for a speculative one.\n"
-        )
-        what = "no speculation"
-    nccl_text = ", NCCL tuned" if spec.nccl else ""
-    return f"""\
+_PROFILE_TEMPLATE = """\
 # Server profiles of this performance suite (pytest-specdecode), written by
 # `python -m pytest_specdecode init`. Edit freely: nothing rewrites this file.
 #
@@ -138,7 +111,7 @@ num_draft_tokens = {spec.steps + 1}                # tokens verified per step
 # launcher: "sglang" (python -m sglang.launch_server), "docker", "sim" or "llamacpp"
 launcher = "sglang"
 host = "127.0.0.1"           # where the server listens
-startup_timeout = {STARTUP_TIMEOUT}       # seconds until a loading server is declared failed
+startup_timeout = {startup_timeout}       # seconds until a loading server is declared failed
 warmup_requests = 2          # short requests after readiness, before anything is measured
 # The sglang launcher's interpreter, the one with SGLang installed (default: pytest's own):
 # python = "/opt/sglang/bin/python"
@@ -149,11 +122,11 @@ warmup_requests = 2          # short requests after readiness, before anything i
 # Environment sets: variables the server gets (strings). NCCL variables exported in your shell
 # are NOT passed on unless a set names them, so the profile alone decides how NCCL is tuned.
 {env_table}
-[profiles.{spec.profile}]
+[profiles.{profile}]
 # description: free text, shown in reports
-description = {_toml(f"{spec.model} at TP{spec.tp}, {what}{nccl_text}")}
-model_path = {_toml(spec.model)}   # SGLang's --model-path
-tp_size = {spec.tp}                  # tensor parallel size (--tp-size)
+description = {description}
+model_path = {model_path}   # SGLang's --model-path
+tp_size = {tp}                  # tensor parallel size (--tp-size)
 {env_line}               # the env set(s) this profile runs with, merged in order
 # Other SGLang flags, e.g. ["--trust-remote-code"]; flags a key above sets are refused here.
 extra_args = []
@@ -172,7 +145,7 @@ startup_timeout = 60         # the simulated load takes 2 s
 # What the test sends (every workload key: docs/workloads.md of pytest-specdecode). A name of
 # your own: a [workloads.NAME] named like a built-in (default, seed, batch8, code, ...) would
 # replace it, and the plugin warns.
-[workloads.{WORKLOAD}]
+[workloads.{workload}]
 base = "default"             # the built-in workload the keys below change
 prompt_set = "mixed"         # code, math, chat, summarization or mixed (one of each per 4 requests)
 # prompts = ["Write a ..."]  # or your own prompt texts instead of prompt_set
@@ -185,6 +158,66 @@ warmup_requests = 2          # requests sent before the runs of each test
 flush_cache = true           # flush the server's prefix cache before each run
 api = "generate-stream"      # generate, generate-stream, completions or completions-stream
 """
+"""The profile file, filled in by :func:`profile_text` (``str.format`` fields)."""
+
+_EAGLE3_TABLE = """\
+# speculative: the draft and its shape (SGLang's --speculative-* flags). With eagle_topk = 1
+# SGLang takes num_draft_tokens = num_steps + 1. Leave the table out for no speculation.
+[profiles.{profile}.speculative]
+algorithm = "EAGLE3"                # EAGLE, EAGLE3, NEXTN, STANDALONE or NGRAM
+draft_model_path = {draft_model_path}   # the draft model
+num_steps = {steps}                       # draft steps per verify
+eagle_topk = 1                      # branches per step
+num_draft_tokens = {draft_tokens}                # tokens verified per step
+"""
+"""The profile's ``speculative`` table for an EAGLE3 draft (``str.format`` fields)."""
+
+_NO_SPECULATION = (
+    "# speculative: none. Add a [profiles.NAME.speculative] table (algorithm,\n"
+    "# draft_model_path, num_steps, eagle_topk, num_draft_tokens) for a speculative one.\n"
+)
+
+
+def profile_text(spec: SuiteSpec) -> str:
+    """The text of the profile file."""
+    return _PROFILE_TEMPLATE.format(
+        startup_timeout=STARTUP_TIMEOUT,
+        env_table=_env_table(spec.nccl),
+        profile=spec.profile,
+        description=_toml(_description(spec)),
+        model_path=_toml(spec.model),
+        tp=spec.tp,
+        env_line='env = "nccl"' if spec.nccl else '# env = "nccl"',
+        speculative=_speculative_table(spec),
+        workload=WORKLOAD,
+    )
+
+
+def _env_table(nccl: Mapping[str, str]) -> str:
+    """The ``[env.nccl]`` set: the variables asked for, or commented examples."""
+    if nccl:
+        return "[env.nccl]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in nccl.items())
+    return '[env.nccl]\n# NCCL_PROTO = "LL"\n# NCCL_ALGO = "Ring"\n'
+
+
+def _speculative_table(spec: SuiteSpec) -> str:
+    """The profile's ``speculative`` table, or a comment on how to add one."""
+    if spec.algorithm != "eagle3":
+        return _NO_SPECULATION
+    assert spec.draft_model is not None  # SuiteSpec checks it
+    return _EAGLE3_TABLE.format(
+        profile=spec.profile,
+        draft_model_path=_toml(spec.draft_model),
+        steps=spec.steps,
+        draft_tokens=spec.steps + 1,
+    )
+
+
+def _description(spec: SuiteSpec) -> str:
+    """The profile's description: model, TP size, speculation and NCCL tuning."""
+    what = f"EAGLE3 {spec.steps}-step" if spec.algorithm == "eagle3" else "no speculation"
+    nccl_text = ", NCCL tuned" if spec.nccl else ""
+    return f"{spec.model} at TP{spec.tp}, {what}{nccl_text}"
 
 
 def suite_test_text(spec: SuiteSpec) -> str:

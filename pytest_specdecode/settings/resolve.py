@@ -13,7 +13,7 @@ from typing import Any
 
 from pytest_specdecode.errors import ConfigError
 from pytest_specdecode.redaction import redact_url
-from pytest_specdecode.settings.options import OPTIONS, PATH_OPTIONS
+from pytest_specdecode.settings.options import OPTIONS, PATH_OPTIONS, Option
 from pytest_specdecode.settings.values import ServerHosts, default_state_dir
 
 
@@ -111,46 +111,88 @@ def resolve(
     from ``ini_dir``; ``search_from`` (the rootdir, given when there is no ini file) makes them
     relative to the project root found above it instead (:func:`find_project_root`).
     """
+    given = _Given(cli, ini, env, invocation_dir, ini_dir, ini_file)
+    project_root, found_above = _project_root(ini_dir, search_from)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    project_root = ini_dir
-    found_above = False
+    for option in OPTIONS:
+        raw, where, base = given.raw(option)
+        sources[option.name] = where
+        values[option.name] = option.default if raw is None else _parsed(option, raw, where, base)
+    _check_run_counts(values)
+    config_source = sources["config"] or (
+        f"the default, found above the rootdir {search_from}" if found_above else "the default"
+    )
+    return _settings(values, project_root, config_source)
+
+
+@dataclass(frozen=True)
+class _Given:
+    """What the command line, the environment and the ini file say, and the directories their
+    relative paths are taken from."""
+
+    cli: Mapping[str, Any]
+    ini: Mapping[str, str | None]
+    env: Mapping[str, str]
+    invocation_dir: Path
+    ini_dir: Path
+    ini_file: str
+
+    def raw(self, option: Option) -> tuple[Any, str, Path]:
+        """The option's raw value from the first source that gives it (``None``: none does),
+        where it came from (``""`` for none) and the directory a relative path is taken from."""
+        if self.cli.get(option.name) not in (None, False, []):
+            raw = self.cli[option.name]
+            if isinstance(raw, list):  # a repeatable flag, given once or more
+                raw = ", ".join(str(value) for value in raw)
+            return raw, f"{option.flag}", self.invocation_dir
+        if option.env and self.env.get(option.env_var):
+            where = f"environment variable {option.env_var}"
+            return self.env[option.env_var], where, self.invocation_dir
+        if option.ini and self.ini.get(option.name):
+            where = f"ini key {option.ini_key} in {self.ini_file}"
+            return self.ini[option.name], where, self.ini_dir
+        return None, "", self.invocation_dir
+
+
+def _project_root(ini_dir: Path, search_from: Path | None) -> tuple[Path, bool]:
+    """Where the defaults are anchored, and whether it was found above ``search_from``: the
+    project root found from ``search_from`` when one is given and found, else ``ini_dir``."""
     if search_from is not None:
         found = find_project_root(search_from)
         if found is not None:
-            project_root, found_above = found, found != search_from
-    for option in OPTIONS:
-        raw: Any = None
-        where = ""
-        base = invocation_dir
-        if cli.get(option.name) not in (None, False, []):
-            raw, where = cli[option.name], f"{option.flag}"
-            if isinstance(raw, list):  # a repeatable flag, given once or more
-                raw = ", ".join(str(value) for value in raw)
-        elif option.env and env.get(option.env_var):
-            raw, where = env[option.env_var], f"environment variable {option.env_var}"
-        elif option.ini and ini.get(option.name):
-            raw, where = ini[option.name], f"ini key {option.ini_key} in {ini_file}"
-            base = ini_dir
-        sources[option.name] = where
-        if raw is None:
-            values[option.name] = option.default
-            continue
-        try:
-            value = option.parse(str(raw)) if not isinstance(raw, bool) else raw
-        except ValueError as exc:
-            shown = redact_url(str(raw)) if option.name == "server_host" else raw
-            raise ConfigError(f"invalid value {shown!r} from {where}: {exc}") from None
-        if option.name in PATH_OPTIONS:
-            path = Path(str(value)).expanduser()
-            value = str(path if path.is_absolute() else base / path)
-        values[option.name] = value
+            return found, found != search_from
+    return ini_dir, False
 
+
+def _parsed(option: Option, raw: Any, where: str, base: Path) -> Any:
+    """``raw`` through the option's parser (a switch's ``bool`` as it is); a path option's
+    relative path taken from ``base``. A bad value names itself (a server URL redacted) and
+    ``where`` it came from."""
+    try:
+        value = option.parse(str(raw)) if not isinstance(raw, bool) else raw
+    except ValueError as exc:
+        shown = redact_url(str(raw)) if option.name == "server_host" else raw
+        raise ConfigError(f"invalid value {shown!r} from {where}: {exc}") from None
+    if option.name in PATH_OPTIONS:
+        path = Path(str(value)).expanduser()
+        value = str(path if path.is_absolute() else base / path)
+    return value
+
+
+def _check_run_counts(values: Mapping[str, Any]) -> None:
+    """The most runs a test may take must allow the runs it takes."""
     if values["max_runs"] < values["runs"]:
         raise ConfigError(
             f"max_runs ({values['max_runs']}) is smaller than runs ({values['runs']}): "
             "set --specdecode-max-runs to at least --specdecode-runs"
         )
+
+
+def _settings(values: Mapping[str, Any], project_root: Path, config_source: str) -> Settings:
+    """The frozen settings, paths as :class:`Path`: the profile file and the baselines, still
+    relative only when they are the defaults, anchored at the project root; the state directory
+    defaulted."""
     state_dir = values["state_dir"] or str(default_state_dir())
     config = values["config"]
     baselines = values["baselines"]
@@ -158,11 +200,6 @@ def resolve(
         config = str(project_root / config)
     if not Path(baselines).is_absolute():
         baselines = str(project_root / baselines)
-    config_source = sources["config"]
-    if not config_source:
-        config_source = (
-            f"the default, found above the rootdir {search_from}" if found_above else "the default"
-        )
     return Settings(
         **{
             **values,
