@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_specdecode.errors import SpecdecodeError
 from pytest_specdecode.metrics import METRICS
-from pytest_specdecode.outputs.trend import TrendRow, TrendTable, trend
+from pytest_specdecode.outputs.trend import TrendPoint, TrendRow, TrendTable, trend
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -122,56 +122,88 @@ def _figure(
         return [float(v) for v in mdates.date2num(list(times))]  # type: ignore[no-untyped-call]
 
     for ax, metric in zip(axes, PLOTTED_METRICS, strict=True):
-        drawn, marks = 0, []
-        for index, (row, color, label) in enumerate(zip(table.rows, colors, labels, strict=True)):
-            series = _draw_series(ax, row, metric, color, label, to_num)
-            drawn += series
-            # the label names the colour once: on the E marks where the test has no series here
-            mark_label = "_nolegend_" if series else label
-            at = heights.get(index, ERRORED_HEIGHTS[0])
-            if _draw_errored(ax, row, metric, color, mark_label, at, to_num):
-                marks.append(at)
-        info = METRICS[metric]
-        ax.set_ylabel(f"{info.label} ({info.unit})")
-        ax.grid(True, alpha=0.3)
-        if marks:
-            _errored_strip(ax, max(marks) + ERRORED_STRIP_PAD, values=bool(drawn))
-        if not drawn:
-            note = " (its tests errored or crashed)" if marks else ""
-            ax.text(
-                0.5,
-                0.5,
-                f"no {info.label} in the selected history{note}",
-                transform=ax.transAxes,
-                ha="center",
-                va="center",
-                color="0.4",
-            )
-            ax.tick_params(axis="y", left=False, labelleft=False)  # no values, no scale
-        if drawn or marks:
-            _legend(ax, values=bool(drawn), errored=bool(marks))
+        _draw_panel(ax, table, metric, colors, labels, heights, to_num)
+    _date_axis(axes[-1], table, to_num)
+    figure.suptitle(_heading(table, title), fontsize=11)
+    return figure
+
+
+def _draw_panel(
+    ax: Axes,
+    table: TrendTable,
+    metric: str,
+    colors: Sequence[str],
+    labels: Sequence[str],
+    heights: Mapping[int, float],
+    to_num: DateConverter,
+) -> None:
+    """The panel of one metric: each test's series and E marks, the strip under the E's, a
+    note when no test has a value, and the legend."""
+    drawn, marks = 0, []
+    for index, (row, color, label) in enumerate(zip(table.rows, colors, labels, strict=True)):
+        series = _draw_series(ax, row, metric, color, label, to_num)
+        drawn += series
+        # the label names the colour once: on the E marks where the test has no series here
+        mark_label = "_nolegend_" if series else label
+        at = heights.get(index, ERRORED_HEIGHTS[0])
+        if _draw_errored(ax, row, metric, color, mark_label, at, to_num):
+            marks.append(at)
+    info = METRICS[metric]
+    ax.set_ylabel(f"{info.label} ({info.unit})")
+    ax.grid(True, alpha=0.3)
+    if marks:
+        _errored_strip(ax, max(marks) + ERRORED_STRIP_PAD, values=bool(drawn))
+    if not drawn:
+        _no_values(ax, info.label, errored=bool(marks))
+    if drawn or marks:
+        _legend(ax, values=bool(drawn), errored=bool(marks))
+
+
+def _no_values(ax: Axes, label: str, *, errored: bool) -> None:
+    """Say in the middle of an empty panel that the history has no values of its metric, and
+    drop its y scale."""
+    note = " (its tests errored or crashed)" if errored else ""
+    ax.text(
+        0.5,
+        0.5,
+        f"no {label} in the selected history{note}",
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        color="0.4",
+    )
+    ax.tick_params(axis="y", left=False, labelleft=False)  # no values, no scale
+
+
+def _date_axis(ax: Axes, table: TrendTable, to_num: DateConverter) -> None:
+    """The shared x axis (the bottom panel's): session dates, concisely labelled."""
+    import matplotlib.dates as mdates
+
     times = {p.time for row in table.rows for p in row.points}
     if len(times) == 1:  # a day either side, not the two years matplotlib gives one date
         (only,) = to_num(list(times))
-        axes[-1].set_xlim(only - 1.0, only + 1.0)
+        ax.set_xlim(only - 1.0, only + 1.0)
     # matplotlib.dates has no type annotations (the rest of matplotlib has).
     locator = mdates.AutoDateLocator()  # type: ignore[no-untyped-call]
-    axes[-1].xaxis.set_major_locator(locator)
-    axes[-1].xaxis.set_major_formatter(
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(
         mdates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]
     )
+
+
+def _heading(table: TrendTable, title: str) -> str:
+    """The figure's title: ``title`` (marked when simulated), the persistence rule, and how
+    many sessions there are and how many had errors."""
     heading = title + (" (SIMULATED: not hardware figures)" if table.simulated else "")
     errors = (
         f", {table.errored_sessions} with tests that errored or crashed"
         if table.errored_sessions
         else ""
     )
-    figure.suptitle(
+    return (
         f"{heading}\nflags after {table.persist} consecutive sessions; "
-        f"{table.sessions} session(s){errors}",
-        fontsize=11,
+        f"{table.sessions} session(s){errors}"
     )
-    return figure
 
 
 def _check_size(size: tuple[int, int]) -> tuple[int, int]:
@@ -205,10 +237,29 @@ def _labels(table: TrendTable) -> list[str]:
 def _draw_series(
     ax: Axes, row: TrendRow, metric: str, color: str, label: str, to_num: DateConverter
 ) -> int:
+    """Draw ``row``'s series of ``metric`` in layers (its values, the baseline behind them,
+    the failure marks, the regression spans, the detected changes); 0 when it has none."""
     points = [p for p in row.points if metric in p.means]
     if not points:
         return 0
     x = to_num([p.time for p in points])
+    _draw_values(ax, x, points, metric, color, label)
+    _draw_baseline(ax, x, points, metric, color)
+    _draw_failures(ax, x, points, metric)
+    _draw_regressions(ax, row, metric, to_num)
+    _draw_changes(ax, row, metric, to_num)
+    return 1
+
+
+def _draw_values(
+    ax: Axes,
+    x: Sequence[float],
+    points: Sequence[TrendPoint],
+    metric: str,
+    color: str,
+    label: str,
+) -> None:
+    """Each session's mean, with the 95% CI of the mean as an error bar."""
     means = [p.means[metric] for p in points]
     below, above = [], []
     for p, mean in zip(points, means, strict=True):
@@ -219,6 +270,12 @@ def _draw_series(
         x, means, yerr=[below, above], color=color, marker="o", ms=4, capsize=2, label=label
     )
 
+
+def _draw_baseline(
+    ax: Axes, x: Sequence[float], points: Sequence[TrendPoint], metric: str, color: str
+) -> None:
+    """Behind the values: the baseline each session was compared with (dashed), its
+    run-to-run band (shaded, where known) and the margin's threshold (dotted)."""
     base_x, base_mean, band_x, band_low, band_high, line_x, line_y = [], [], [], [], [], [], []
     for x_value, p in zip(x, points, strict=True):
         check = p.check(metric)
@@ -247,6 +304,10 @@ def _draw_series(
     if line_x:
         ax.plot(line_x, line_y, color=color, ls=":", lw=1, alpha=0.8, drawstyle="steps-mid")
 
+
+def _draw_failures(ax: Axes, x: Sequence[float], points: Sequence[TrendPoint], metric: str) -> None:
+    """A red ✕ on each session whose check of ``metric`` failed, a red ring on each whose test
+    failed on another check."""
     failed_check, failed_other = [], []
     for x_value, p in zip(x, points, strict=True):
         check = p.check(metric)
@@ -276,10 +337,19 @@ def _draw_series(
             linewidths=1.5,
             zorder=5,
         )
+
+
+def _draw_regressions(ax: Axes, row: TrendRow, metric: str, to_num: DateConverter) -> None:
+    """Tint red the spans where a regression of ``metric`` persisted."""
     for flag in row.flags:
         if flag.kind == "regression" and flag.check == metric:
             start, end = to_num([flag.start, flag.end])
             ax.axvspan(start, end, color="red", alpha=0.08)
+
+
+def _draw_changes(ax: Axes, row: TrendRow, metric: str, to_num: DateConverter) -> None:
+    """A vertical line, with its size, where the cross-night detector dates a change of
+    ``metric`` (red for an alarm, green otherwise)."""
     for found in row.detections:
         began = found.start
         if found.metric != metric or found.state.direction is None or began is None:
@@ -296,7 +366,6 @@ def _draw_series(
             color="red" if found.state.alarm else "green",
             fontsize=8,
         )
-    return 1
 
 
 def _errored_heights(table: TrendTable) -> dict[int, float]:

@@ -277,83 +277,114 @@ class ServerPool:
         to_stop: list[Entry] = []
         with self.state.edit() as entries:
             prune(entries, host=profile.placed_on or "", tried_stale=self._tried_stale)
-            entry = entries.get(digest)
-            if entry is not None and entry.status == "failed":
-                if entry.owner and entry.owner.run == self.run_id:
-                    raise ServerStartError(
-                        f"{profile.name}: the server failed earlier in this run: {entry.error}"
-                    )
-                del entries[digest]
-                entry = None
+            entry = self._recorded(profile, digest, entries)
             if entry is not None and entry.status == "loading":
                 who = f"pid {entry.owner.pid}" if entry.owner else "another session"
                 return ("wait", f"{profile.name} is being loaded by {who}")
             if entry is not None:
-                if self._held.pop(profile.name, None) is None:  # else: the previous test's
-                    entry.leases[self._lease] = entry.leases.get(self._lease, 0) + 1  # carries over
-                entry.last_used_unix = time.time()
-                if entry.owner is None or not entry.owner.alive():
-                    entry.owner = Owner(self.run_id, os.getpid())
+                self._take_lease(profile, entry)
                 if cached is not None and cached.exit_code() is None:
                     return ("use", cached)
-                found = entry
             else:
-                found = None
                 self._held.pop(profile.name, None)  # its server is gone, and so is the lease
-                # Servers on other hosts share neither GPUs nor anything else with this one
-                # (the same configuration on two boxes is two servers, each kept by its own).
-                here = profile.placed_on or ""
-                others = [e for e in entries.values() if e.digest != digest and e.host == here]
-                conflicts = [e for e in others if _overlap(e.gpus, profile.gpus)]
-                fingerprint = profile.fingerprint().digest
-                for other in others:
-                    if other.fingerprint == fingerprint and other.digest not in self._told:
-                        self._told.add(other.digest)
-                        self._emit(self._other_build(profile, other))
-                # Another build of this profile on no shared GPUs (the simulator): stopped when
-                # idle, left to its session when in use; either way ours is a server of its own.
-                conflicts += [
-                    e
-                    for e in others
-                    if e.fingerprint == fingerprint
-                    and e not in conflicts
-                    and e.status != "loading"
-                    and not e.live_leases()
-                    and not (e.owner and e.owner.run != self.run_id and e.owner.alive())
-                ]
-                for other in conflicts:
-                    if other.status == "loading" or other.live_leases():
-                        return ("wait", f"GPUs {other.gpus} are in use by {other.profile}")
-                    if other.owner and other.owner.run != self.run_id and other.owner.alive():
-                        return (
-                            "wait",
-                            f"GPUs {other.gpus} belong to another run's {other.profile}",
-                        )
+                conflicts = self._conflicts(profile, digest, entries)
+                busy = self._busy(conflicts)
+                if busy is not None:
+                    return ("wait", busy)
                 for other in conflicts:
                     del entries[other.digest]
                     to_stop.append(other)
-                port = profile.port or launch_port(profile, entries.values())
-                url = f"http://{connect_host(profile.host)}:{port}"
-                entries[digest] = Entry(
-                    digest=digest,
-                    fingerprint=profile.fingerprint().digest,
-                    build=dict(self.build_for(profile).parts),
-                    host=profile.placed_on or "",
-                    profile=profile.name,
-                    url=url,
-                    identity={},
-                    gpus=list(profile.gpus),
-                    status="loading",
-                    owner=Owner(self.run_id, os.getpid()),
-                )
-        if found is not None:
-            handle = self._adopt(profile, found)
+                port, url = self._record_launch(profile, digest, entries)
+        if entry is not None:
+            handle = self._adopt(profile, entry)
             if handle is not None:
                 return ("use", handle)
             return ("retry", f"{profile.name}: the recorded server did not answer; relaunching")
         for other in to_stop:
             self._stop_entry(other, reason=f"{profile.name} needs GPUs {list(profile.gpus)}")
         return ("launch", port, url)
+
+    def _recorded(
+        self, profile: ServerProfile, digest: str, entries: dict[str, Entry]
+    ) -> Entry | None:
+        """The recorded entry of ``profile``'s server, if any: one that failed in this run fails
+        this acquire too; one that failed in another run is forgotten and tried again."""
+        entry = entries.get(digest)
+        if entry is not None and entry.status == "failed":
+            if entry.owner and entry.owner.run == self.run_id:
+                raise ServerStartError(
+                    f"{profile.name}: the server failed earlier in this run: {entry.error}"
+                )
+            del entries[digest]
+            entry = None
+        return entry
+
+    def _take_lease(self, profile: ServerProfile, entry: Entry) -> None:
+        """Lease the recorded server for this process, and own it if its owner is gone."""
+        if self._held.pop(profile.name, None) is None:  # else: the previous test's
+            entry.leases[self._lease] = entry.leases.get(self._lease, 0) + 1  # carries over
+        entry.last_used_unix = time.time()
+        if entry.owner is None or not entry.owner.alive():
+            entry.owner = Owner(self.run_id, os.getpid())
+
+    def _conflicts(
+        self, profile: ServerProfile, digest: str, entries: dict[str, Entry]
+    ) -> list[Entry]:
+        """The recorded servers a launch of ``profile`` must stop first: those on its GPUs, and
+        idle other builds of the same configuration; other builds are named once on the way."""
+        # Servers on other hosts share neither GPUs nor anything else with this one
+        # (the same configuration on two boxes is two servers, each kept by its own).
+        here = profile.placed_on or ""
+        others = [e for e in entries.values() if e.digest != digest and e.host == here]
+        conflicts = [e for e in others if _overlap(e.gpus, profile.gpus)]
+        fingerprint = profile.fingerprint().digest
+        for other in others:
+            if other.fingerprint == fingerprint and other.digest not in self._told:
+                self._told.add(other.digest)
+                self._emit(self._other_build(profile, other))
+        # Another build of this profile on no shared GPUs (the simulator): stopped when
+        # idle, left to its session when in use; either way ours is a server of its own.
+        conflicts += [
+            e
+            for e in others
+            if e.fingerprint == fingerprint
+            and e not in conflicts
+            and e.status != "loading"
+            and not e.live_leases()
+            and not (e.owner and e.owner.run != self.run_id and e.owner.alive())
+        ]
+        return conflicts
+
+    def _busy(self, conflicts: Sequence[Entry]) -> str | None:
+        """Why the servers in the way cannot be stopped yet (one is loading, in use, or another
+        live run's), or ``None`` when all of them can."""
+        for other in conflicts:
+            if other.status == "loading" or other.live_leases():
+                return f"GPUs {other.gpus} are in use by {other.profile}"
+            if other.owner and other.owner.run != self.run_id and other.owner.alive():
+                return f"GPUs {other.gpus} belong to another run's {other.profile}"
+        return None
+
+    def _record_launch(
+        self, profile: ServerProfile, digest: str, entries: dict[str, Entry]
+    ) -> tuple[int, str]:
+        """Record ``profile``'s server as loading, owned by this process, on the port it will
+        take: the port and URL of the launch."""
+        port = profile.port or launch_port(profile, entries.values())
+        url = f"http://{connect_host(profile.host)}:{port}"
+        entries[digest] = Entry(
+            digest=digest,
+            fingerprint=profile.fingerprint().digest,
+            build=dict(self.build_for(profile).parts),
+            host=profile.placed_on or "",
+            profile=profile.name,
+            url=url,
+            identity={},
+            gpus=list(profile.gpus),
+            status="loading",
+            owner=Owner(self.run_id, os.getpid()),
+        )
+        return port, url
 
     def _other_build(self, profile: ServerProfile, other: Entry) -> str:
         """Why the running server of the same configuration is not reused."""

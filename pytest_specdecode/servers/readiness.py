@@ -123,89 +123,171 @@ def wait_until_ready(
     and the log's path.
     """
     start = time.monotonic()
+    wait = _Wait(
+        base_url,
+        name=name,
+        timeout=timeout,
+        start=start,
+        log=log,
+        paths=paths,
+        probe_timeout=probe_timeout,
+        ready_grace=ready_grace,
+    )
+    with _probe_client(base_url, api_key, probe_timeout, transport) as http:
+        while True:
+            elapsed = time.monotonic() - start
+            phase = log.poll() if log else "waiting"
+            code = exit_code() if exit_code else None
+            if code is not None:
+                raise wait.exited(code, elapsed, phase)
+            if on_progress:
+                on_progress(Progress(name=name, elapsed=elapsed, phase=phase, timeout=timeout))
+            wait.note_phase(phase)
+            status = wait.probe(http)
+            if status == 200:
+                return time.monotonic() - start
+            if status == 404 and wait.next_path():
+                continue
+            if status in (401, 403):
+                raise wait.key_refused(status)
+            hang = wait.hang(elapsed)
+            if hang is not None:
+                raise hang
+            if elapsed >= timeout:
+                raise wait.timed_out(elapsed, phase)
+            time.sleep(poll_interval)
+
+
+def _probe_client(
+    base_url: str,
+    api_key: str | None,
+    probe_timeout: float,
+    transport: httpx.BaseTransport | None,
+) -> httpx.Client:
+    """The HTTP client of one wait's health probes."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    paths = list(paths)
-    log_path = str(log.path) if log else None
-
-    def tail() -> list[str]:
-        return log.tail() if log else []
-
-    ready_since: float | None = None
-    last = "no answer yet"
-    with httpx.Client(
+    return httpx.Client(
         base_url=base_url,
         headers=headers,
         timeout=httpx.Timeout(probe_timeout, connect=min(probe_timeout, 2.0)),
         transport=transport,
         trust_env=net.trust_env(base_url),  # the client's rule: local direct, remote proxied
         verify=net.tls_context(base_url),
-    ) as http:
-        while True:
-            elapsed = time.monotonic() - start
-            phase = log.poll() if log else "waiting"
-            code = exit_code() if exit_code else None
-            if code is not None:
-                raise ServerStartError(
-                    f"{name} exited with code {code} after {elapsed:.1f}s while {phase}",
-                    log_path=log_path,
-                    log_tail=tail(),
-                    exit_code=code,
-                )
-            if on_progress:
-                on_progress(Progress(name=name, elapsed=elapsed, phase=phase, timeout=timeout))
-            if phase == READY_PHASE and ready_since is None:
-                ready_since = time.monotonic()
-            try:
-                response = http.get(paths[0])
-            except httpx.TimeoutException:
-                last = f"timed out after {probe_timeout:g}s"
-            except httpx.TransportError as exc:
-                # the port opens only after weights and CUDA graphs are loaded
-                last = f"{type(exc).__name__}"
-            else:
-                last = f"HTTP {response.status_code}"
-                if response.status_code == 200:
-                    return time.monotonic() - start
-                if response.status_code == 404 and len(paths) > 1:
-                    paths.pop(0)  # an older or non-SGLang server without /health_generate
-                    continue
-                if response.status_code in (401, 403):
-                    raise ServerStartError(
-                        f"{name} at {base_url} refused the health probe with "
-                        f"{response.status_code}: it requires an API key; set the profile's "
-                        "api_key_env to the name of an environment variable that holds it",
-                        log_path=log_path,
-                        log_tail=tail(),
-                    )
-            if ready_since is not None and (
-                time.monotonic() - ready_since >= ready_grace or elapsed >= timeout
-            ):
-                # Said "ready", then silence: a hang after the load, whichever bound ran out
-                # first. Never "raise startup_timeout": waiting longer would not help.
-                quiet = time.monotonic() - ready_since
-                bound = (
-                    f"hang bound of {ready_grace:g}s"
-                    if quiet >= ready_grace
-                    else f"startup_timeout {timeout:g}s"
-                )
-                said = next((line for line in reversed(tail()) if line.strip()), "")
-                raise ServerHungError(
-                    f"{name} logged that it is ready {ready_since - start:.0f}s after its "
-                    f"launch, but GET {paths[0]} has not answered 200 in the {quiet:.0f}s since "
-                    f"(last probe: {last}); gave up at the {bound}: the "
-                    "server is hung after its load, not loading slowly, so a longer "
-                    f'startup_timeout would not help. Its last log line: "{said}"; the log '
-                    "tail follows. --specdecode-stall-timeout sets how long a server that said "
-                    "it is ready may stay silent",
-                    log_path=log_path,
-                    log_tail=tail(),
-                )
-            if elapsed >= timeout:
-                raise ServerTimeoutError(
-                    f"{name} was not ready after {elapsed:.0f}s (startup_timeout {timeout:g}s); "
-                    f"last phase: {phase}. Raise the profile's startup_timeout if loading is "
-                    "just slow",
-                    log_path=log_path,
-                    log_tail=tail(),
-                )
-            time.sleep(poll_interval)
+    )
+
+
+class _Wait:
+    """What one :func:`wait_until_ready` knows between its rounds (the probe path still tried,
+    when the log said "ready", what the last probe got), and the checks and errors of a round."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        name: str,
+        timeout: float,
+        start: float,
+        log: LogTail | None,
+        paths: Sequence[str],
+        probe_timeout: float,
+        ready_grace: float,
+    ) -> None:
+        self.base_url = base_url
+        self.name = name
+        self.timeout = timeout
+        self.start = start
+        self.log = log
+        self.log_path = str(log.path) if log else None
+        self.paths = list(paths)
+        self.probe_timeout = probe_timeout
+        self.ready_grace = ready_grace
+        self.ready_since: float | None = None
+        self.last = "no answer yet"
+
+    def tail(self) -> list[str]:
+        return self.log.tail() if self.log else []
+
+    def exited(self, code: int, elapsed: float, phase: str) -> ServerStartError:
+        """The process (or container) is gone: no probe can succeed any more."""
+        return ServerStartError(
+            f"{self.name} exited with code {code} after {elapsed:.1f}s while {phase}",
+            log_path=self.log_path,
+            log_tail=self.tail(),
+            exit_code=code,
+        )
+
+    def note_phase(self, phase: str) -> None:
+        """Start the hang clock the first time the log says the server is ready."""
+        if phase == READY_PHASE and self.ready_since is None:
+            self.ready_since = time.monotonic()
+
+    def probe(self, http: httpx.Client) -> int | None:
+        """One GET of the preferred health path: its status code, or ``None`` without an answer;
+        what it got is kept for the hang message."""
+        try:
+            response = http.get(self.paths[0])
+        except httpx.TimeoutException:
+            self.last = f"timed out after {self.probe_timeout:g}s"
+        except httpx.TransportError as exc:
+            # the port opens only after weights and CUDA graphs are loaded
+            self.last = f"{type(exc).__name__}"
+        else:
+            self.last = f"HTTP {response.status_code}"
+            return response.status_code
+        return None
+
+    def next_path(self) -> bool:
+        """After a 404: move on to the next health path, if there is one."""
+        if len(self.paths) > 1:
+            self.paths.pop(0)  # an older or non-SGLang server without /health_generate
+            return True
+        return False
+
+    def key_refused(self, status: int) -> ServerStartError:
+        """A 401 or 403: the server wants an API key this session does not send."""
+        return ServerStartError(
+            f"{self.name} at {self.base_url} refused the health probe with "
+            f"{status}: it requires an API key; set the profile's "
+            "api_key_env to the name of an environment variable that holds it",
+            log_path=self.log_path,
+            log_tail=self.tail(),
+        )
+
+    def hang(self, elapsed: float) -> ServerHungError | None:
+        """The error of a server that said "ready" and has stayed silent past the hang bound or
+        the startup timeout since; ``None`` while it has not."""
+        ready_since = self.ready_since
+        if ready_since is None or not (
+            time.monotonic() - ready_since >= self.ready_grace or elapsed >= self.timeout
+        ):
+            return None
+        # Said "ready", then silence: a hang after the load, whichever bound ran out
+        # first. Never "raise startup_timeout": waiting longer would not help.
+        quiet = time.monotonic() - ready_since
+        bound = (
+            f"hang bound of {self.ready_grace:g}s"
+            if quiet >= self.ready_grace
+            else f"startup_timeout {self.timeout:g}s"
+        )
+        said = next((line for line in reversed(self.tail()) if line.strip()), "")
+        return ServerHungError(
+            f"{self.name} logged that it is ready {ready_since - self.start:.0f}s after its "
+            f"launch, but GET {self.paths[0]} has not answered 200 in the {quiet:.0f}s since "
+            f"(last probe: {self.last}); gave up at the {bound}: the "
+            "server is hung after its load, not loading slowly, so a longer "
+            f'startup_timeout would not help. Its last log line: "{said}"; the log '
+            "tail follows. --specdecode-stall-timeout sets how long a server that said "
+            "it is ready may stay silent",
+            log_path=self.log_path,
+            log_tail=self.tail(),
+        )
+
+    def timed_out(self, elapsed: float, phase: str) -> ServerTimeoutError:
+        """Still loading when the startup timeout ran out (it never said "ready")."""
+        return ServerTimeoutError(
+            f"{self.name} was not ready after {elapsed:.0f}s (startup_timeout {self.timeout:g}s); "
+            f"last phase: {phase}. Raise the profile's startup_timeout if loading is "
+            "just slow",
+            log_path=self.log_path,
+            log_tail=self.tail(),
+        )

@@ -79,39 +79,14 @@ class ServerStarter:
         entry is marked failed (a :class:`ServerError`) or forgotten."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log_path = self.log_dir / f"{profile.name}-{stamp}-{os.getpid()}.log"
-        try:
-            key = api_key(profile, self.env)
-            launcher = make_launcher(
-                profile, port=port, log_path=log_path, env=self.env, api_key=key
-            )
-        except ConfigError as exc:  # no API key, no llama-server to run: nothing started
-            with self.state.edit() as entries:
-                entries.pop(digest, None)
-            raise ServerStartError(f"server {profile.name!r} cannot be started: {exc}") from None
+        key, launcher = self._launcher(profile, digest, port, log_path)
         self._check_port_free(profile, digest, launcher)
         if self.preflight and profile.kind.sglang_preflight:
             self._preflight(profile, port, digest)
         self.counts.launched[profile.name] += 1
         self._emit(f"{profile.name}: starting ({profile.launcher}) on {url}; log: {log_path}")
         try:
-            with self._gpu_lock(profile, digest):
-                launcher.start()
-                with self.state.edit() as entries:
-                    if digest in entries:
-                        entries[digest].identity = launcher.identity()
-                        entries[digest].log_path = str(log_path)
-                backend = backend_for(profile)
-                ready = wait_until_ready(
-                    launcher.base_url,
-                    name=f"server {profile.name!r}",
-                    timeout=profile.startup_timeout,
-                    exit_code=launcher.exit_code,
-                    log=LogTail(log_path, backend.log_phases),
-                    api_key=key,
-                    on_progress=self._on_progress,
-                    paths=backend.health_paths,
-                    ready_grace=self.ready_grace,
-                )
+            ready = self._load(profile, digest, launcher, log_path, key)
             self._check_ours(profile, launcher, ready)
             handle = ServerHandle(
                 profile=profile,
@@ -124,36 +99,94 @@ class ServerStarter:
                 identity=launcher.identity(),
             )
             self._emit(f"{profile.name}: ready after {ready:.1f}s")
-            if self._warmup is not None:
-                try:
-                    self._warmup(handle)
-                except ServerError:
-                    raise
-                except SpecdecodeError as exc:  # e.g. the server answers, but not as expected
-                    raise ServerStartError(
-                        f"server {profile.name!r} was ready after {ready:.1f}s, but its warm-up "
-                        f"request failed: {exc}",
-                        log_path=str(log_path),
-                        log_tail=LogTail(log_path).tail(),
-                    ) from None
+            self._warm_up(handle, ready, log_path)
         except BaseException as exc:
             # Ctrl-C, a timeout, a crash or a failed warm-up: never leave the process or
             # container behind.
-            if isinstance(exc, ServerError):
-                self.counts.failed[profile.name] += 1
-            elif launcher.exit_code() is None:
-                self.counts.stopped[profile.name] += 1
-            launcher.stop(grace=5.0)
-            remember_left_behind(self.state, launcher, profile.name, self._emit)
-            with self.state.edit() as entries:
-                if isinstance(exc, ServerError):
-                    entries[digest].status = "failed"
-                    entries[digest].error = str(exc).splitlines()[0]
-                    entries[digest].identity = {}
-                else:
-                    entries.pop(digest, None)
+            self._give_up(profile, digest, launcher, exc)
             raise
         return handle
+
+    def _launcher(
+        self, profile: ServerProfile, digest: str, port: int, log_path: Path
+    ) -> tuple[str | None, Launcher]:
+        """The API key the server is started with and its (not yet started) launcher; a
+        profile that cannot be started is forgotten from the state file."""
+        try:
+            key = api_key(profile, self.env)
+            launcher = make_launcher(
+                profile, port=port, log_path=log_path, env=self.env, api_key=key
+            )
+        except ConfigError as exc:  # no API key, no llama-server to run: nothing started
+            with self.state.edit() as entries:
+                entries.pop(digest, None)
+            raise ServerStartError(f"server {profile.name!r} cannot be started: {exc}") from None
+        return key, launcher
+
+    def _load(
+        self,
+        profile: ServerProfile,
+        digest: str,
+        launcher: Launcher,
+        log_path: Path,
+        key: str | None,
+    ) -> float:
+        """Start the server under the profile's GPU lock, record who it is, and wait until it
+        is ready: the seconds that took."""
+        with self._gpu_lock(profile, digest):
+            launcher.start()
+            with self.state.edit() as entries:
+                if digest in entries:
+                    entries[digest].identity = launcher.identity()
+                    entries[digest].log_path = str(log_path)
+            backend = backend_for(profile)
+            return wait_until_ready(
+                launcher.base_url,
+                name=f"server {profile.name!r}",
+                timeout=profile.startup_timeout,
+                exit_code=launcher.exit_code,
+                log=LogTail(log_path, backend.log_phases),
+                api_key=key,
+                on_progress=self._on_progress,
+                paths=backend.health_paths,
+                ready_grace=self.ready_grace,
+            )
+
+    def _warm_up(self, handle: ServerHandle, ready: float, log_path: Path) -> None:
+        """The profile's warm-up on the ready server; a failure that is not already a
+        :class:`ServerError` is one of the start."""
+        if self._warmup is None:
+            return
+        try:
+            self._warmup(handle)
+        except ServerError:
+            raise
+        except SpecdecodeError as exc:  # e.g. the server answers, but not as expected
+            raise ServerStartError(
+                f"server {handle.profile.name!r} was ready after {ready:.1f}s, but its warm-up "
+                f"request failed: {exc}",
+                log_path=str(log_path),
+                log_tail=LogTail(log_path).tail(),
+            ) from None
+
+    def _give_up(
+        self, profile: ServerProfile, digest: str, launcher: Launcher, exc: BaseException
+    ) -> None:
+        """After a failed start: count it, stop what was started, and mark the state entry
+        failed (a :class:`ServerError`) or forget it (anything else, Ctrl-C included)."""
+        if isinstance(exc, ServerError):
+            self.counts.failed[profile.name] += 1
+        elif launcher.exit_code() is None:
+            self.counts.stopped[profile.name] += 1
+        launcher.stop(grace=5.0)
+        remember_left_behind(self.state, launcher, profile.name, self._emit)
+        with self.state.edit() as entries:
+            if isinstance(exc, ServerError):
+                entries[digest].status = "failed"
+                entries[digest].error = str(exc).splitlines()[0]
+                entries[digest].identity = {}
+            else:
+                entries.pop(digest, None)
 
     def _check_port_free(self, profile: ServerProfile, digest: str, launcher: Launcher) -> None:
         """A port someone already listens on is an error now, naming who, not a 200 from the
