@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import fmean
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_specdecode.metrics import METRICS
 from pytest_specdecode.result import Outcome
@@ -24,6 +24,9 @@ from pytest_specdecode.stats.comparison import (
     mde_text,
 )
 from pytest_specdecode.stats.two_level import LaunchPrior, guard_alpha
+
+if TYPE_CHECKING:
+    from pytest_specdecode.stats.sequential import SequentialPlan
 
 
 @dataclass(frozen=True)
@@ -259,6 +262,61 @@ def outcome_of(checks: Sequence[Check]) -> Outcome:
     if any(c.verdict is Verdict.INCONCLUSIVE for c in checks):
         return Outcome.INCONCLUSIVE
     return Outcome.PASS if checks else Outcome.MEASURED
+
+
+class SequentialChecks:
+    """The checks of one test, judged at each look of its sequential plan.
+
+    A check decided at one look stays decided (that is what the per-look alphas were
+    calibrated for); the undecided ones are looked at again, even when another check has
+    already failed, so every check gets its verdict. :meth:`look` is asked after every run."""
+
+    def __init__(
+        self,
+        thresholds: Sequence[Threshold],
+        refs: Mapping[str | None, BaselineRef],
+        plan: SequentialPlan,
+        *,
+        method: str,
+        alpha_no_change: float,
+        priors: Mapping[tuple[str | None, str], LaunchPrior],
+        warn_single_launch: bool,
+        first_look_decides: bool = False,
+    ) -> None:
+        self.thresholds = thresholds
+        self.refs = refs
+        self.plan = plan
+        self.method = method
+        self.alpha_no_change = alpha_no_change
+        self.priors = priors
+        self.warn_single_launch = warn_single_launch
+        self.first_look_decides = first_look_decides  # recording: the runs are all there is
+        self.checks: tuple[Check, ...] = ()
+        self._looks = plan.looks()
+        self._decided: dict[int, Check] = {}
+
+    def look(self, samples: Mapping[str, Sequence[float]], n: int) -> bool:
+        """After the n-th run: judge if n is a look; whether the runs may stop here."""
+        if n not in self._looks:
+            return False
+        look_alpha = self.plan.alpha_at(self._looks.index(n))
+        fresh = evaluate(
+            self.thresholds,
+            samples,
+            self.refs,
+            alpha=look_alpha,
+            method=self.method,
+            # the no-change guard spends its level across the looks as alpha does
+            alpha_no_change=self.alpha_no_change * look_alpha / self.plan.alpha,
+            priors=self.priors,
+            warn_single_launch=self.warn_single_launch,
+        )
+        for index, check in enumerate(fresh):
+            if index not in self._decided and check.verdict is not Verdict.INCONCLUSIVE:
+                self._decided[index] = check
+        self.checks = tuple(self._decided.get(i, check) for i, check in enumerate(fresh))
+        undecided = any(check.verdict is Verdict.INCONCLUSIVE for check in self.checks)
+        return self.first_look_decides or not undecided
 
 
 def needs_more_runs(checks: Sequence[Check]) -> bool:

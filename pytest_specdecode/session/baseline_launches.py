@@ -233,13 +233,9 @@ class BaselineLaunches:
                 backend = backend_for(profile)
                 with self.runner.client(handle, backend) as client, self.pool.gpu_lock(profile):
                     for p in pending:
-                        self.runner.warm_up(client, handle, p.workload)
-                        for run_index in range(p.runs):
-                            values, _ = self.runner.one_run(
-                                client, backend, handle, p.workload, run_index
-                            )
-                            for name, value in values.items():
-                                p.result.samples.setdefault(name, []).append(value)
+                        self.runner.measured_runs(
+                            client, backend, handle, p.workload, p.runs, into=p.result.samples
+                        )
                         p.result.launch_runs.append(p.runs)
             except SpecdecodeError as exc:
                 self._launch_failed(pending, launch, wanted, exc)

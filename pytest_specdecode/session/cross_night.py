@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_specdecode.metrics import METRICS
+from pytest_specdecode.result import Outcome
 from pytest_specdecode.stats.crossnight import CrossNightState, DetectorConfig, Night, detect
 from pytest_specdecode.stats.horizon import Horizon, horizon
 from pytest_specdecode.stats.night_series import series_from_history
@@ -161,6 +162,41 @@ def cross_night(
             changed = tuple(what_changed(history, tonight, nights, state.start_index))
         out.append(SeriesState(metric, state, tuple(nights), changed, config, horizon(state)))
     return out
+
+
+def judge_across_nights(
+    history: Sequence[Mapping[str, Any]],
+    tonight: Tonight,
+    samples: Mapping[str, Sequence[float]],
+    thresholds: Sequence[Threshold],
+    verdict: tuple[Outcome, str],
+    *,
+    reference_nights: int,
+    launches_vary: bool,
+) -> tuple[Outcome, str, dict[str, Any]]:
+    """Tonight's verdict (outcome, message) with the cross-night detector's word added: the
+    outcome, the message, and each series' state as the history records it."""
+    outcome, text = verdict
+    states = cross_night(
+        history,
+        tonight,
+        samples,
+        thresholds,
+        reference_nights=reference_nights,
+        launches_vary=launches_vary,
+    )
+    alarm = alarm_message(states)
+    if alarm is not None:
+        # A persistent drop fails the night whatever tonight's own verdict was: a PASS or
+        # INCONCLUSIVE night of a real regression must not show green.
+        outcome = Outcome.FAIL
+        text = f"{text}\n{alarm}"
+    else:
+        text += "".join(f"\n{s.describe()}" for s in states if s.state.direction)
+    seen = night_sensitivity(states)
+    if seen is not None:
+        text += f"\n{seen}"
+    return outcome, text, {s.metric: s.to_json() for s in states}
 
 
 def alarm_message(states: Sequence[SeriesState]) -> str | None:

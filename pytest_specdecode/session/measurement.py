@@ -1,11 +1,21 @@
 """Measuring and judging one test: the data path, in one place.
 
-:meth:`Measurer.measure` reads straight: server (what it runs, checked against the profile) →
-baselines (the test's own and its ``against=`` profiles', found by hardware key, fingerprint and
-workload) → warm-up and runs through the client → metrics → a verdict at each look of the
-sequential plan, adding runs while a check is undecided → one :class:`SpecdecodeResult`. With
-``--update-baselines`` the runs are recorded instead, and the baseline launches still owed are
-handed to :class:`~pytest_specdecode.session.baseline_launches.BaselineLaunches`.
+:meth:`Measurer.measure` is a short driver over named steps, each visited once:
+
+1. the runner asks the server what it runs and checks that against the profile
+   (:meth:`~pytest_specdecode.session.runner.ServerRunner.identify`);
+2. :meth:`Measurer._subject`: what is measured, the hardware key and fingerprint the baselines
+   are found by, and the baselines (the test's own and its ``against=`` profiles');
+3. :meth:`Measurer._looks`: the sequential plan and the launch variance each check is judged
+   with (:class:`~pytest_specdecode.verdict.SequentialChecks`);
+4. the runner's warm-up and runs under the profile's GPU lock, judged at each look and stopped
+   once no check is undecided
+   (:meth:`~pytest_specdecode.session.runner.ServerRunner.measured_runs`);
+5. :meth:`Measurer._judge`: the verdict, held against the machine's load and then the
+   cross-night detector (:func:`~pytest_specdecode.session.cross_night.judge_across_nights`);
+6. :meth:`Measurer._result`, and with ``--update-baselines`` the baseline launches still owed,
+   handed to :class:`~pytest_specdecode.session.baseline_launches.BaselineLaunches`
+   (:meth:`Measurer._owe_launches`).
 
 What the session knows (its profiles and hosts, what was collected, the repository and GPUs for
 the provenance) comes in as callables, so this module needs nothing of session.py.
@@ -14,8 +24,9 @@ the provenance) comes in as callables, so this module needs nothing of session.p
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pytest_specdecode.backends import backend_for
 from pytest_specdecode.baselines.refs import OWN, BaselineLookup
@@ -31,20 +42,15 @@ from pytest_specdecode.session.baseline_launches import (
     launches_for,
     recording_outcome,
 )
-from pytest_specdecode.session.cross_night import (
-    Tonight,
-    alarm_message,
-    cross_night,
-    night_sensitivity,
-)
+from pytest_specdecode.session.cross_night import Tonight, judge_across_nights
 from pytest_specdecode.session.machine_load import (
     LoadSampler,
+    MachineLoad,
     comparison_warnings,
     held_back_by_load,
     recording_warning,
 )
 from pytest_specdecode.settings import Settings
-from pytest_specdecode.stats.comparison import Verdict
 from pytest_specdecode.stats.sequential import SequentialPlan
 from pytest_specdecode.stats.two_level import (
     TIMING_METRICS,
@@ -53,7 +59,14 @@ from pytest_specdecode.stats.two_level import (
     prior_for,
     stated_prior,
 )
-from pytest_specdecode.verdict import Check, check_json, evaluate, message, outcome_of
+from pytest_specdecode.verdict import (
+    BaselineRef,
+    Check,
+    SequentialChecks,
+    check_json,
+    message,
+    outcome_of,
+)
 from pytest_specdecode.workloads import Workload
 
 if TYPE_CHECKING:
@@ -62,6 +75,30 @@ if TYPE_CHECKING:
 
 History = Sequence[Mapping[str, Any]]
 """Earlier nights (the JSON-lines history), for the launch variance of each test."""
+
+
+@dataclass
+class Measured:
+    """What one test measures (:meth:`Measurer._subject`): the server as it answered, the
+    hardware key and fingerprint its baselines are found by, and those baselines."""
+
+    test_id: str
+    workload: Workload
+    info: dict[str, Any]  # the server's own answer (server info)
+    simulated: bool
+    hardware_key: str
+    version: str | None
+    fingerprint: Fingerprint
+    warnings: list[str]  # the result's, in the order they arose
+    launch_varies: bool  # a real server, or the simulated one with a launch CV
+    refs: dict[str | None, BaselineRef] = field(default_factory=dict)
+    runs: int = 0  # the runs of one launch (the plan's first look)
+
+
+class Judged(NamedTuple):
+    outcome: Outcome
+    message: str
+    crossnight: dict[str, Any]  # each series' detector state, as the history records it
 
 
 class Measurer:
@@ -107,169 +144,203 @@ class Measurer:
         With ``--update-baselines`` the runs of this launch are recorded; when the profile's
         baselines span several launches, the others follow once the profile's last test has
         run (:meth:`BaselineLaunches.released`)."""
+        backend = backend_for(handle.profile)
+        with self.runner.client(handle, backend) as client:
+            info, warnings = self.runner.identify(client, backend, handle)
+            subject = self._subject(test_id, spec, handle, workload, info, warnings)
+            looks = self._looks(test_id, spec, workload, subject, history)
+            # The machine's load over warm-up and runs, recorded and compared with the baseline's.
+            sampler = LoadSampler(self.settings.machine_load)
+            with self.pool.gpu_lock(handle.profile), sampler:
+                samples, extra = self.runner.measured_runs(
+                    client, backend, handle, workload, looks.plan.max_runs, stop_after=looks.look
+                )
+        subject.warnings.extend(w for w in extra if w not in subject.warnings)
+        machine = sampler.result()
+        judged = self._judge(subject, spec, samples, looks, machine, history)
+        result = self._result(subject, handle, samples, looks.checks, judged, machine)
+        self._owe_launches(result, spec, handle, subject)
+        return result
+
+    def _subject(
+        self,
+        test_id: str,
+        spec: MarkerSpec,
+        handle: ServerHandle,
+        workload: Workload,
+        info: dict[str, Any],
+        warnings: list[str],
+    ) -> Measured:
+        """What is measured: the server (simulated or not, its version, the hardware key its
+        baselines live under), the configuration's fingerprint, and the baselines it is held
+        against (the test's own and its ``against=`` profiles'), each found or not, and why."""
         profile = handle.profile
+        simulated = profile.simulated or info.get("simulated") is True
+        version = info.get("version")
+        subject = Measured(
+            test_id=test_id,
+            workload=workload,
+            info=info,
+            simulated=simulated,
+            hardware_key=self.hardware_key(simulated, profile),
+            version=str(version) if version is not None else None,
+            fingerprint=profile.fingerprint().with_soft(
+                server_version=str(version) if version is not None else None
+            ),
+            warnings=warnings,
+            launch_varies=not simulated or float(info.get("sim_launch_cv") or 0) > 0,
+        )
+        lookup = BaselineLookup(
+            self.store,
+            subject.hardware_key,
+            workload.name,
+            workload.content_hash(),
+            workload_fields=workload.hashed_fields(),
+            recorders={name: self.recorder_hint(name, workload) for name in spec.references},
+        )
+        others = {
+            name: self.fingerprint_of(name, f"{test_id} (against=)") for name in spec.references
+        }
+        subject.refs, soft = lookup.resolve(test_id, subject.fingerprint, others)
+        warnings.extend(soft)
+        if not self.settings.update_baselines:
+            # Said now, not after minutes of runs: the runs still go to the table and reports.
+            for ref in {id(r): r for r in subject.refs.values() if r.samples is None}.values():
+                first = (ref.problem or "").splitlines()[0]
+                self.emit(f"{test_id}: {ref.label} cannot be compared: {first}")
+        return subject
+
+    def _looks(
+        self,
+        test_id: str,
+        spec: MarkerSpec,
+        workload: Workload,
+        subject: Measured,
+        history: History,
+    ) -> SequentialChecks:
+        """How many runs, when to judge, and the launch variance each check is judged with."""
         settings = self.settings
         updating = settings.update_baselines
         alpha = spec.alpha or settings.alpha
-        method = spec.method or settings.method
         runs = spec.runs or (settings.baseline_runs if updating else settings.runs)
         max_runs = runs if updating else max(spec.max_runs or settings.max_runs, runs)
         plan = SequentialPlan(initial_runs=runs, max_runs=max_runs, step=1, alpha=alpha)
+        subject.runs = runs
+        own = subject.refs[OWN].samples
+        if own and own.get("tok_s"):
+            # The per-look alphas are calibrated for the stored baseline's size.
+            plan = plan.for_baseline(len(own["tok_s"]))
+        priors = launch_priors(
+            history,
+            test_id,
+            spec,
+            subject.hardware_key,
+            subject.fingerprint.digest,
+            workload,
+            stated=subject.launch_varies,
+        )
+        return SequentialChecks(
+            spec.thresholds,
+            subject.refs,
+            plan,
+            method=spec.method or settings.method,
+            alpha_no_change=settings.alpha_no_change,
+            priors=priors,
+            warn_single_launch=subject.launch_varies,
+            first_look_decides=updating,
+        )
 
-        backend = backend_for(profile)
-        with self.runner.client(handle, backend) as client:
-            info = self.runner.server_info(client, backend, handle)
-            simulated = profile.simulated or info.get("simulated") is True
-            warnings = self.runner.server_checks(profile, backend, handle, info)
-            hw = self.hardware_key(simulated, profile)
-            version = info.get("version")
-            fingerprint = profile.fingerprint().with_soft(
-                server_version=str(version) if version is not None else None
-            )
-            lookup = BaselineLookup(
-                self.store,
-                hw,
-                workload.name,
-                workload.content_hash(),
-                workload_fields=workload.hashed_fields(),
-                recorders={name: self.recorder_hint(name, workload) for name in spec.references},
-            )
-            others = {
-                name: self.fingerprint_of(name, f"{test_id} (against=)") for name in spec.references
-            }
-            refs, soft = lookup.resolve(test_id, fingerprint, others)
-            warnings.extend(soft)
-            if not updating:
-                # Said now, not after minutes of runs: the runs still go to the table and reports.
-                for ref in {id(r): r for r in refs.values() if r.samples is None}.values():
-                    first = (ref.problem or "").splitlines()[0]
-                    self.emit(f"{test_id}: {ref.label} cannot be compared: {first}")
-            own = refs[OWN].samples
-            if own and own.get("tok_s"):
-                # The per-look alphas are calibrated for the stored baseline's size.
-                plan = plan.for_baseline(len(own["tok_s"]))
-            launch_varies = not simulated or float(info.get("sim_launch_cv") or 0) > 0
-            priors = launch_priors(
-                history, test_id, spec, hw, fingerprint.digest, workload, stated=launch_varies
-            )
-            samples: dict[str, list[float]] = {}
-            decided: dict[int, Check] = {}
-            checks: tuple[Check, ...] = ()
-            looks = plan.looks()
-            # The machine's load over warm-up and runs, recorded and compared with the baseline's.
-            sampler = LoadSampler(settings.machine_load)
-            with self.pool.gpu_lock(profile), sampler:
-                self.runner.warm_up(client, handle, workload)
-                for run_index in range(max_runs):
-                    values, extra = self.runner.one_run(
-                        client, backend, handle, workload, run_index
-                    )
-                    for name, value in values.items():
-                        samples.setdefault(name, []).append(value)
-                    warnings.extend(w for w in extra if w not in warnings)
-                    n = run_index + 1
-                    if n not in looks:
-                        continue
-                    look_alpha = plan.alpha_at(looks.index(n))
-                    fresh = evaluate(
-                        spec.thresholds,
-                        samples,
-                        refs,
-                        alpha=look_alpha,
-                        method=method,
-                        # the no-change guard spends its level across the looks as alpha does
-                        alpha_no_change=settings.alpha_no_change * look_alpha / alpha,
-                        priors=priors,
-                        warn_single_launch=launch_varies,
-                    )
-                    # A check decided at one look stays decided (that is what the per-look
-                    # alphas were calibrated for); the undecided ones are looked at again, even
-                    # when another check has already failed, so every check gets its verdict.
-                    for index, check in enumerate(fresh):
-                        if index not in decided and not _undecided(check):
-                            decided[index] = check
-                    checks = tuple(decided.get(i, check) for i, check in enumerate(fresh))
-                    if updating or not any(_undecided(check) for check in checks):
-                        break
-
-        machine = sampler.result()
-        if updating:
+    def _judge(
+        self,
+        subject: Measured,
+        spec: MarkerSpec,
+        samples: dict[str, list[float]],
+        looks: SequentialChecks,
+        machine: MachineLoad | None,
+        history: History,
+    ) -> Judged:
+        """Tonight's verdict (a recording's, or the checks' held against the machine's load and
+        then the cross-night detector's): outcome, message and the detector's states."""
+        if self.settings.update_baselines:
             busy = recording_warning(machine)
-            warnings.extend([busy] if busy is not None else [])
-        else:
-            warnings.extend(comparison_warnings(machine, spec.thresholds, refs))
-            checks = held_back_by_load(checks, machine)
-        launches = launches_for(settings, launch_varies) if updating else 1
-        crossnight: dict[str, Any] = {}
-        if updating:
-            outcome, text = recording_outcome(settings, samples)
-        else:
-            outcome = outcome_of(checks)
-            text = message(checks, outcome)
-            tonight = Tonight(
-                test_id=test_id,
-                hardware_key=hw,
-                fingerprint=fingerprint.digest,
-                workload_hash=workload.content_hash(),
-                when=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                session=self.run_id,
-            )
-            states = cross_night(
+            subject.warnings.extend([busy] if busy is not None else [])
+            return Judged(*recording_outcome(self.settings, samples), {})
+        subject.warnings.extend(comparison_warnings(machine, spec.thresholds, subject.refs))
+        looks.checks = held_back_by_load(looks.checks, machine)
+        outcome = outcome_of(looks.checks)
+        tonight = Tonight(
+            test_id=subject.test_id,
+            hardware_key=subject.hardware_key,
+            fingerprint=subject.fingerprint.digest,
+            workload_hash=subject.workload.content_hash(),
+            when=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            session=self.run_id,
+        )
+        return Judged(
+            *judge_across_nights(
                 history or [],
                 tonight,
                 samples,
                 spec.thresholds,
-                reference_nights=settings.reference_nights,
-                launches_vary=launch_varies,
+                (outcome, message(looks.checks, outcome)),
+                reference_nights=self.settings.reference_nights,
+                launches_vary=subject.launch_varies,
             )
-            crossnight = {s.metric: s.to_json() for s in states}
-            alarm = alarm_message(states)
-            if alarm is not None:
-                # A persistent drop fails the night whatever tonight's own verdict was: a PASS
-                # or INCONCLUSIVE night of a real regression must not show green.
-                outcome = Outcome.FAIL
-                text = f"{text}\n{alarm}"
-            else:
-                text += "".join(f"\n{s.describe()}" for s in states if s.state.direction)
-            seen = night_sensitivity(states)
-            if seen is not None:
-                text += f"\n{seen}"
-        result = SpecdecodeResult(
-            test_id=test_id,
-            profile=profile.name,
-            simulated=simulated,
-            hardware_key=hw,
+        )
+
+    def _result(
+        self,
+        subject: Measured,
+        handle: ServerHandle,
+        samples: dict[str, list[float]],
+        checks: Sequence[Check],
+        judged: Judged,
+        machine: MachineLoad | None,
+    ) -> SpecdecodeResult:
+        workload = subject.workload
+        return SpecdecodeResult(
+            test_id=subject.test_id,
+            profile=handle.profile.name,
+            simulated=subject.simulated,
+            hardware_key=subject.hardware_key,
             workload_name=workload.name,
             workload_hash=workload.content_hash(),
-            fingerprint=fingerprint,
+            fingerprint=subject.fingerprint,
             samples=samples,
-            outcome=outcome,
-            message=text,
+            outcome=judged.outcome,
+            message=judged.message,
             checks=[check_json(c) for c in checks],
             server_origin=handle.origin,
-            server_version=str(version) if version is not None else None,
-            warnings=warnings,
+            server_version=subject.version,
+            warnings=subject.warnings,
             provenance={
-                **self.provenance(handle, info),
+                **self.provenance(handle, subject.info),
                 # what the workload hash covers, so a changed workload is named by its field
                 "workload": workload.hashed_fields(),
                 "machine_load": None if machine is None else machine.to_json(),
             },
             launch_runs=[len(samples.get("tok_s", []))],
-            host=profile.placed_on,
-            crossnight=crossnight,
+            host=handle.profile.placed_on,
+            crossnight=judged.crossnight,
         )
-        if outcome is Outcome.RECORDED and launches > 1:
-            if handle.origin == "attached":
-                result.warnings.append(
-                    "an attached server cannot be relaunched: this baseline has one launch, so "
-                    "its verdicts cannot carry launch-to-launch variance"
-                )
-            else:
-                self.launches.owe(
-                    profile.name, PendingLaunches(result, spec, workload, runs, launches)
-                )
-        return result
+
+    def _owe_launches(
+        self, result: SpecdecodeResult, spec: MarkerSpec, handle: ServerHandle, subject: Measured
+    ) -> None:
+        """A recording whose baselines span several launches: the others are owed (done once
+        the profile's last test has run), or, for an attached server, said to be impossible."""
+        launches = launches_for(self.settings, subject.launch_varies)
+        if result.outcome is not Outcome.RECORDED or launches <= 1:
+            return
+        if handle.origin == "attached":
+            result.warnings.append(
+                "an attached server cannot be relaunched: this baseline has one launch, so "
+                "its verdicts cannot carry launch-to-launch variance"
+            )
+        else:
+            runs = subject.runs
+            pending = PendingLaunches(result, spec, subject.workload, runs, launches)
+            self.launches.owe(result.profile, pending)
 
 
 def launch_priors(
@@ -304,7 +375,3 @@ def launch_priors(
         if prior is not None:
             priors[(threshold.reference, threshold.metric)] = prior
     return priors
-
-
-def _undecided(check: Check) -> bool:
-    return check.verdict is Verdict.INCONCLUSIVE

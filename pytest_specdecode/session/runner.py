@@ -11,7 +11,7 @@ between server kinds is asked of the profile's :class:`~pytest_specdecode.backen
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_specdecode.backends import Backend, backend_for
@@ -80,6 +80,14 @@ class ServerRunner:
             for i in range(handle.profile.warmup_requests):
                 client.run(warm, i)
 
+    def identify(
+        self, client: MeasurementClient, backend: Backend, handle: ServerHandle
+    ) -> tuple[dict[str, Any], list[str]]:
+        """What the server runs, checked against its profile: its server info and the warnings
+        of the check (:meth:`server_checks`)."""
+        info = self.server_info(client, backend, handle)
+        return info, self.server_checks(handle.profile, backend, handle, info)
+
     def server_info(
         self, client: MeasurementClient, backend: Backend, handle: ServerHandle
     ) -> dict[str, Any]:
@@ -141,6 +149,32 @@ class ServerRunner:
             client.warmup(workload)
         except RequestError as exc:
             raise self._explain_failure(exc, handle, "during the warm-up") from exc
+
+    def measured_runs(
+        self,
+        client: MeasurementClient,
+        backend: Backend,
+        handle: ServerHandle,
+        workload: Workload,
+        max_runs: int,
+        *,
+        into: dict[str, list[float]] | None = None,
+        stop_after: Callable[[Mapping[str, Sequence[float]], int], bool] | None = None,
+    ) -> tuple[dict[str, list[float]], list[str]]:
+        """The workload's warm-up, then up to ``max_runs`` measured runs: each metric's values
+        (appended to ``into`` when given) and the backend's warnings, each once.
+        ``stop_after(samples, n)`` is asked after the n-th run whether enough are in."""
+        samples: dict[str, list[float]] = {} if into is None else into
+        warnings: list[str] = []
+        self.warm_up(client, handle, workload)
+        for run_index in range(max_runs):
+            values, extra = self.one_run(client, backend, handle, workload, run_index)
+            for name, value in values.items():
+                samples.setdefault(name, []).append(value)
+            warnings.extend(w for w in extra if w not in warnings)
+            if stop_after is not None and stop_after(samples, run_index + 1):
+                break
+        return samples, warnings
 
     def one_run(
         self,
