@@ -1,12 +1,7 @@
-"""pytest wiring for pytest-specdecode, and nothing else.
-
-Options and ini keys come from :data:`pytest_specdecode.settings.OPTIONS`; the marker is parsed
-by :mod:`pytest_specdecode.markers`; servers, measurement and verdicts live in
-:mod:`pytest_specdecode.session.orchestrator`, the collected tests' plan in
-:mod:`~pytest_specdecode.session.collection`, the terminal's text in
-:mod:`~pytest_specdecode.session.console`, the end of the session in
-:mod:`~pytest_specdecode.session.finish`. This module reads pytest's objects into plain values
-for them and turns their results and errors into pytest outcomes.
+"""pytest wiring for pytest-specdecode, and nothing else: options from
+:data:`pytest_specdecode.settings.OPTIONS`, pytest's objects read into plain values for
+:mod:`pytest_specdecode.session` (the collection's plan, the measurement, the end of the session,
+the terminal's text), and their results and errors turned into pytest outcomes.
 """
 
 from __future__ import annotations
@@ -21,23 +16,31 @@ from typing import Any, NoReturn
 import pytest
 
 from pytest_specdecode.errors import ConfigError, NotServedHere, SpecdecodeError
-from pytest_specdecode.markers import MARKER_HELP, MarkerSpec
+from pytest_specdecode.markers import MarkerSpec
 from pytest_specdecode.outputs.json_report import junit_properties
-from pytest_specdecode.profiles.profile import ALGORITHM_MARKERS
 from pytest_specdecode.result import SpecdecodeResult, TestError
 from pytest_specdecode.servers.handle import ServerHandle
 from pytest_specdecode.session import console, finish, start
 from pytest_specdecode.session.collection import (
+    NO_PROFILE,
     Collected,
     Planned,
     group_tagged,
+    marker_lines,
     plan_collection,
     start_selected,
+    untaggable,
 )
 from pytest_specdecode.session.orchestrator import SpecdecodeSession, SpecdecodeTest
-from pytest_specdecode.session.outcomes import record_error, verdict_action
-from pytest_specdecode.session.worker_relay import Inbox, Outbox
-from pytest_specdecode.settings import OPTIONS, Settings, resolve, unknown_env_warnings
+from pytest_specdecode.session.outcomes import note_error, verdict_action
+from pytest_specdecode.session.worker_relay import (
+    LATE_ATTR,
+    RESULTS_ATTR,
+    TEST_ID_ATTR,
+    Inbox,
+    Outbox,
+)
+from pytest_specdecode.settings import OPTIONS, Settings, resolve
 
 SESSION_KEY = pytest.StashKey[SpecdecodeSession]()
 PLANNED_KEY = pytest.StashKey[Planned]()  # a specdecode test's marker, profile and test id
@@ -49,14 +52,7 @@ ROW_KEY = pytest.StashKey[SpecdecodeResult]()  # the ERROR row of a test that er
 OUTBOX_KEY = pytest.StashKey[Outbox]()  # an xdist worker's results not yet sent up
 SUMMARY_KEY = pytest.StashKey[bool]()  # the specdecode section of the terminal summary was shown
 WORKER_DOWN_KEY = pytest.StashKey[bool]()  # an xdist worker went down with an error
-
-RESULTS_ATTR = "specdecode_results"
-"""The attribute of a worker's teardown report that carries its results to the controller."""
-TEST_ID_ATTR = "specdecode_test_id"
-"""The attribute of a specdecode test's reports naming its result's test id (xdist carries it),
-so that a failure found after the test can be reported under the test's own node id."""
-LATE_ATTR = "specdecode_failed_after_test"
-"""Marks the report this plugin makes at the session's end for a failure found after its test."""
+LATE_KEY = pytest.StashKey["_LateFailures"]()  # the failures found after their tests
 
 
 class SpecdecodeWarning(pytest.PytestWarning):
@@ -68,102 +64,79 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "specdecode", "performance-regression tests of speculative-decoding servers"
     )
     for option in OPTIONS:
-        default = "" if option.default is None else f" (default: {option.default})"
-        # argparse %-formats command-line help ("8%" would crash `pytest --help`); ini help
-        # is printed as it is.
-        cli_help = (option.help + ("" if option.is_flag else default)).replace("%", "%%")
-        kind: dict[str, str | None] = {"metavar": option.metavar}
-        if option.is_flag:
-            kind = {"action": "store_true"}
-        elif option.repeatable:
-            kind["action"] = "append"
-        group.addoption(
-            option.flag, dest=f"specdecode_{option.name}", default=None, help=cli_help, **kind
-        )
+        group.addoption(option.flag, **option.cli_arguments())
         if option.ini:
-            parser.addini(option.ini_key, option.help + default, default=None)
+            parser.addini(option.ini_key, option.help + option.default_text, default=None)
 
 
-def _settings(config: pytest.Config) -> Settings:
-    ini_dir = config.inipath.parent if config.inipath else config.rootpath
+def _settings(config: pytest.Config, *, check_outputs: bool) -> Settings:
+    """The settings from the command line, the ini file and the environment; with
+    ``check_outputs`` every output path (the plugin's, --junitxml, --benchmark-json) is checked
+    before anything launches (start.check_outputs). A bad value is a usage error."""
+    ini_file = str(config.inipath or "the ini file")
+    given = {o.name: config.getoption(f"specdecode_{o.name}") for o in OPTIONS}
     try:
-        return resolve(
-            cli={o.name: config.getoption(f"specdecode_{o.name}") for o in OPTIONS},
+        settings = resolve(
+            cli=given,
             ini={o.name: config.getini(o.ini_key) if o.ini else None for o in OPTIONS},
             env=os.environ,
             invocation_dir=config.invocation_params.dir,
-            ini_dir=ini_dir,
-            ini_file=str(config.inipath or "the ini file"),
+            ini_dir=config.inipath.parent if config.inipath else config.rootpath,
+            ini_file=ini_file,
             # Without an ini file the rootdir is wherever the run starts: find the project.
             search_from=None if config.inipath else config.rootpath,
         )
+        if check_outputs:
+            start.check_outputs(
+                settings,
+                given={name for name, value in given.items() if value},
+                env=os.environ,
+                ini_file=ini_file,
+                junitxml=config.getoption("xmlpath", None),
+                benchmark_json=config.getoption("benchmark_json", None),
+                args=[str(arg) for arg in config.invocation_params.args],
+                base=config.invocation_params.dir,
+            )
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
+    return settings
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", MARKER_HELP)
-    for name in ALGORITHM_MARKERS:
-        config.addinivalue_line(
-            "markers",
-            f"{name}: tests whose server profile uses {name} "
-            "(added automatically by pytest-specdecode)",
-        )
-    settings = _settings(config)
+    for line in marker_lines():
+        config.addinivalue_line("markers", line)
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
-    if workerinput is None:
-        _check_outputs(config, settings)
+    settings = _settings(config, check_outputs=workerinput is None)
     if workerinput is not None and workerinput.get("specdecode_loadgroup"):
         # The controller schedules by group (see pytest_xdist_make_scheduler), but a worker
         # tags node ids with their xdist_group only under --dist loadgroup; without the tag
         # every test is its own group and profiles are spread over all workers.
         config.option.loadgroup = True
-    worker, run_id = start.process_of(workerinput)
-
-    def basetemp() -> Path | None:
-        factory = getattr(config, "_tmp_path_factory", None)
-        return Path(factory.getbasetemp()) if factory else None
-
-    def is_tty() -> bool:
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        return reporter is not None and bool(reporter.isatty)
-
-    session = SpecdecodeSession(
+    session = start.open_session(
         settings,
-        run_id=run_id,
-        worker=worker,
-        is_xdist_worker=workerinput is not None,
-        log_dir=start.LazyLogDir(basetemp),  # type: ignore[arg-type]
+        workerinput=workerinput,
+        basetemp=lambda: _basetemp(config),
         rootdir=config.rootpath,
-        emit=lambda message: _say(config, f"specdecode: {message}"),
-        progress=console.ProgressLine(lambda line: _say(config, line), is_tty=is_tty),
+        say=lambda line: _say(config, line),
+        is_tty=lambda: _reporter_is_tty(config),
     )
     config.stash[SESSION_KEY] = session
-    config.pluginmanager.register(_LateFailures(config), "specdecode-late-failures")
-    session.warnings.extend(unknown_env_warnings(os.environ))  # a misspelled variable
-    start.read_earlier_nights(session)
+    config.stash[LATE_KEY] = _LateFailures(config)
+    config.pluginmanager.register(config.stash[LATE_KEY], "specdecode-late-failures")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistHooks(session), "specdecode-xdist")
     start.terminate_gracefully()
 
 
-def _check_outputs(config: pytest.Config, settings: Settings) -> None:
-    """Every output path (the plugin's, --junitxml, --benchmark-json) is checked before anything
-    launches (start.check_outputs); a path that cannot be written is a usage error."""
-    try:
-        start.check_outputs(
-            settings,
-            given={o.name for o in OPTIONS if config.getoption(f"specdecode_{o.name}")},
-            env=os.environ,
-            ini_file=str(config.inipath or "the ini file"),
-            junitxml=config.getoption("xmlpath", None),
-            benchmark_json=config.getoption("benchmark_json", None),
-            args=[str(arg) for arg in config.invocation_params.args],
-            base=config.invocation_params.dir,
-        )
-    except ConfigError as exc:
-        raise pytest.UsageError(str(exc)) from None
+def _basetemp(config: pytest.Config) -> Path | None:
+    factory = getattr(config, "_tmp_path_factory", None)
+    return Path(factory.getbasetemp()) if factory else None
+
+
+def _reporter_is_tty(config: pytest.Config) -> bool:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    return reporter is not None and bool(reporter.isatty)
 
 
 def _session(config: pytest.Config) -> SpecdecodeSession:
@@ -259,11 +232,7 @@ def specdecode_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
     spec = _spec(request.node)
     name = getattr(request, "param", None) or (spec.server if spec else None)
     if not name:
-        pytest.fail(
-            "specdecode_server needs a profile: mark the test with "
-            "@pytest.mark.specdecode('PROFILE') or parametrize specdecode_server indirectly",
-            pytrace=False,
-        )
+        pytest.fail(NO_PROFILE, pytrace=False)
     try:
         profile = session.profile(name, where=request.node.nodeid)
         handle = session.server_for(profile)
@@ -365,22 +334,13 @@ def _note_error(sd: SpecdecodeSession, item: pytest.Item, phase: str, call: Any)
     exc = cause if cause is not None else (call.excinfo.value if call.excinfo else None)
     if exc is None:
         return  # e.g. a strict xfail that passed: no exception to name
-    error = TestError.of(phase, exc)
     test = item.stash.get(TEST_KEY, None)
-    if test is not None and test.result is not None:
-        # Judged, then failed (an assertion after specdecode.measure(), a teardown): the
-        # verdict stays the outcome, the error is shown beside it.
-        if test.result.error is None:
-            test.result.error = error
-            # pytest's JUnit XML reads the teardown report's properties, taken from the item
-            item.user_properties.append(("specdecode_error", error.describe()))
-        return
-    if ROW_KEY in item.stash:
-        return  # the first error is the cause; a teardown failing after it adds nothing
-    planned = item.stash[PLANNED_KEY]
-    row = record_error(sd, planned.test_id, planned.spec, error)
-    item.stash[ROW_KEY] = row
-    item.user_properties.extend(junit_properties(row))
+    row, properties = note_error(
+        sd, item.stash[PLANNED_KEY], test, TestError.of(phase, exc), has_row=ROW_KEY in item.stash
+    )
+    if row is not None:
+        item.stash[ROW_KEY] = row
+    item.user_properties.extend(properties)
 
 
 def _apply_outcome(item: pytest.Item, test: SpecdecodeTest, result: SpecdecodeResult) -> None:
@@ -443,9 +403,7 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, None, None]
     if not sd.is_xdist_worker:
         # Before the other plugins' ends: the terminal reporter counts these reports in its
         # summary and JUnit XML writes them into its file.
-        late = config.pluginmanager.get_plugin("specdecode-late-failures")
-        if isinstance(late, _LateFailures):
-            late.report(finish.late_failures(sd.results))
+        config.stash[LATE_KEY].report(finish.late_failures(sd.results))
     try:
         yield
     except Exception as exc:
@@ -465,15 +423,7 @@ def _other_plugin_failed(
     printed, so the user still sees what was measured and written."""
     config = session.config
     config.notify_exception(pytest.ExceptionInfo.from_exception(exc), config.option)
-    line = finish.other_plugin_failed_line(
-        exc,
-        distributions=[
-            (plugin, f"{dist.project_name} {dist.version}")
-            for plugin, dist in config.pluginmanager.list_plugin_distinfo()
-        ],
-        plugins=config.pluginmanager.list_name_plugin(),
-        status=status,
-    )
+    line = finish.other_plugin_failed_line(exc, config.pluginmanager, status=status)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         sys.stderr.write(line + "\n")
@@ -529,21 +479,7 @@ class _LateFailures:
 
     def report(self, results: list[SpecdecodeResult]) -> None:
         for result in results:
-            # A test this process never saw (none so far) still gets its report, by test id.
-            nodeid, location = self._nodes.get(
-                result.test_id, (result.test_id, (result.test_id.split("::")[0], None, ""))
-            )
-            report = pytest.TestReport(
-                nodeid=nodeid,
-                location=location,
-                keywords={},
-                outcome="failed",
-                longrepr=(
-                    f"{result.profile}: failed after the test had finished: {result.late_failure}"
-                ),
-                when="teardown",
-                user_properties=[("specdecode_failed_after_test", result.late_failure or "")],
-            )
+            report = pytest.TestReport(**finish.late_failure_report(result, self._nodes))
             setattr(report, LATE_ATTR, True)
             self._config.hook.pytest_runtest_logreport(report=report)
 
@@ -594,23 +530,14 @@ class _XdistHooks:
         if not config.getoption("loadgroup", False):
             return
         for item in items:
-            groups = (
-                str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-                for mark in item.iter_markers("xdist_group")
-            )
-            tagged = group_tagged(item.nodeid, groups)
-            if tagged is not None:
-                _set_nodeid(item, tagged)
-                if item.nodeid != tagged:  # a pytest that moved node ids again
-                    warnings.warn(
-                        SpecdecodeWarning(
-                            f"cannot tag node ids with their xdist_group on pytest "
-                            f"{pytest.__version__}: a profile's tests may run on several "
-                            "workers, each launching its own server"
-                        ),
-                        stacklevel=1,
-                    )
-                    return
+            marks = [(m.args, m.kwargs) for m in item.iter_markers("xdist_group")]
+            tagged = group_tagged(item.nodeid, marks)
+            if tagged is None:
+                continue
+            _set_nodeid(item, tagged)
+            if item.nodeid != tagged:  # a pytest that moved node ids again
+                warnings.warn(SpecdecodeWarning(untaggable(pytest.__version__)), stacklevel=1)
+                return
 
 
 def _set_nodeid(item: pytest.Item, nodeid: str) -> None:

@@ -14,11 +14,35 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_specdecode.errors import ConfigError
-from pytest_specdecode.markers import MarkerSpec, parse_marker
+from pytest_specdecode.markers import MARKER_HELP, MarkerSpec, parse_marker
+from pytest_specdecode.profiles.profile import ALGORITHM_MARKERS
 from pytest_specdecode.settings import project_test_id
 
 if TYPE_CHECKING:
     from pytest_specdecode.session.orchestrator import SpecdecodeSession
+
+
+NO_PROFILE = (
+    "specdecode_server needs a profile: mark the test with @pytest.mark.specdecode('PROFILE') "
+    "or parametrize specdecode_server indirectly"
+)
+
+
+def untaggable(pytest_version: str) -> str:
+    """The warning when this pytest keeps a node id from taking its xdist group's tag."""
+    return (
+        f"cannot tag node ids with their xdist_group on pytest {pytest_version}: a profile's "
+        "tests may run on several workers, each launching its own server"
+    )
+
+
+def marker_lines() -> list[str]:
+    """The ini ``markers`` lines the plugin registers: its own marker, and one per algorithm
+    (each test gets its profile's, before ``-m`` deselects)."""
+    return [MARKER_HELP] + [
+        f"{name}: tests whose server profile uses {name} (added automatically by pytest-specdecode)"
+        for name in ALGORITHM_MARKERS
+    ]
 
 
 @dataclass(frozen=True)
@@ -116,9 +140,11 @@ def start_selected(session: SpecdecodeSession, selected: Sequence[Planned]) -> N
     session.note_selected([test.test_id for test in selected], list(demand))
 
 
-def group_tagged(nodeid: str, groups: Iterable[str]) -> str | None:
-    """``nodeid`` with the "@group" tag xdist's ``--dist loadgroup`` gives it, or None when it
-    is tagged already or has no group.
+def group_tagged(
+    nodeid: str, marks: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
+) -> str | None:
+    """``nodeid`` with the "@group" tag xdist's ``--dist loadgroup`` gives it (from its
+    ``xdist_group`` marks' args and kwargs), or None when it is tagged already or has no group.
 
     The group name is the one xdist 3.8 builds in
     ``WorkerInteractor.pytest_collection_modifyitems``; "tagged already" is
@@ -126,5 +152,5 @@ def group_tagged(nodeid: str, groups: Iterable[str]) -> str | None:
     """
     if nodeid.rfind("@") > nodeid.rfind("]"):
         return None
-    names = set(groups)
+    names = {str(args[0] if args else kwargs.get("name", "default")) for args, kwargs in marks}
     return f"{nodeid}@{'_'.join(sorted(names))}" if names else None

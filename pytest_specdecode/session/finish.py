@@ -21,10 +21,10 @@ from __future__ import annotations
 import inspect
 import os
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_specdecode.errors import SpecdecodeError
 from pytest_specdecode.outputs import benchmark
@@ -49,6 +49,26 @@ def late_failures(results: Sequence[SpecdecodeResult]) -> list[SpecdecodeResult]
     """The results that fail the session although pytest had reported their tests: a later
     baseline launch refused or failed, a baseline that could not be written."""
     return [result for result in results if result.late_failure]
+
+
+def late_failure_report(
+    result: SpecdecodeResult, seen: Mapping[str, tuple[str, tuple[str, int | None, str]]]
+) -> dict[str, Any]:
+    """The fields of the pytest report that makes ``result``'s late failure an error of its
+    test: under the node id and location ``seen`` (by test id) gave it, else its test id (a
+    test this process never saw: none so far)."""
+    nodeid, location = seen.get(
+        result.test_id, (result.test_id, (result.test_id.split("::")[0], None, ""))
+    )
+    return {
+        "nodeid": nodeid,
+        "location": location,
+        "keywords": {},
+        "outcome": "failed",
+        "longrepr": f"{result.profile}: failed after the test had finished: {result.late_failure}",
+        "when": "teardown",
+        "user_properties": [("specdecode_failed_after_test", result.late_failure or "")],
+    }
 
 
 def save_measurements(
@@ -81,21 +101,9 @@ def save_measurements(
             # xdist replaces a worker that crashed after its tests and exits 0; what it had
             # measured is kept (see Outbox), but a night with a crashed worker is not a pass.
             set_exit_status(INTERNAL_ERROR)
-        if benchmark_session is not None and benchmark.wants_export(benchmark_session):
-            # the results, kept by the session for the summary and outputs, are handed to
-            # pytest-benchmark before its own hook writes its JSON
-            for result in sd.results:
-                benchmark.add_result(benchmark_session, result)
-            if sd.results and not getattr(benchmark_session, "benchmarks", True):
-                problems.extend(_nothing_measured(benchmark_session, sd.output_lines))
+        _hand_to_benchmark(sd, benchmark_session, problems)
         if sd.settings.update_baselines:
-            updates, errors = sd.write_baselines(sd.results)
-            for update in updates:
-                sd.updates.extend(update.describe())
-            if errors:
-                sd.updates.extend(f"ERROR: {error}" for error in errors)
-                problems.extend(errors)
-                set_exit_status(TESTS_FAILED)
+            _write_baselines(sd, problems, set_exit_status)
         if late_failures(sd.results) and exit_status() in (OK, NO_TESTS_COLLECTED):
             # pytest passed these tests before their later launches or baseline writes
             # failed: the session fails, and the reports written below carry that status
@@ -115,23 +123,7 @@ def save_measurements(
         )
         set_exit_status(INTERRUPTED)
     finally:
-        sd.close()
-        if sd.is_xdist_worker:
-            # What the teardown reports have not carried up: results of the profiles whose
-            # remaining baseline launches ran just now.
-            workeroutput.update(worker_output(sd, outbox))
-        else:
-            sd.servers.add(sd.pool.counts)
-        # The xdist controller (DSession) stops what its workers started; without -n, sd.close()
-        # above already did.
-        if stops_workers_servers and not sd.is_xdist_worker:
-            stopped = finish_run(
-                sd.settings.state_dir,
-                sd.run_id,
-                keep_alive=sd.settings.keep_server,
-                on_event=sd.emit,
-            )
-            sd.servers.add(stopped)
+        _close_servers(sd, outbox, workeroutput, stops_workers_servers)
     if sd.is_xdist_worker:
         return None
     night = judge(
@@ -233,16 +225,78 @@ def _nothing_measured(benchmark_session: Any, lines: list[str]) -> list[str]:
     return errors
 
 
+def _hand_to_benchmark(
+    sd: SpecdecodeSession, benchmark_session: object | None, problems: list[str]
+) -> None:
+    """The results, kept by the session for the summary and outputs, are handed to
+    pytest-benchmark (when it runs and exports) before its own hook writes its JSON."""
+    if benchmark_session is None or not benchmark.wants_export(benchmark_session):
+        return
+    for result in sd.results:
+        benchmark.add_result(benchmark_session, result)
+    if sd.results and not getattr(benchmark_session, "benchmarks", True):
+        problems.extend(_nothing_measured(benchmark_session, sd.output_lines))
+
+
+def _write_baselines(
+    sd: SpecdecodeSession, problems: list[str], set_exit_status: Callable[[int], None]
+) -> None:
+    """``--update-baselines``: the recorded results become baselines; one that cannot be written
+    is an error of the session."""
+    updates, errors = sd.write_baselines(sd.results)
+    for update in updates:
+        sd.updates.extend(update.describe())
+    if errors:
+        sd.updates.extend(f"ERROR: {error}" for error in errors)
+        problems.extend(errors)
+        set_exit_status(TESTS_FAILED)
+
+
+def _close_servers(
+    sd: SpecdecodeSession,
+    outbox: Outbox,
+    workeroutput: dict[str, Any],
+    stops_workers_servers: bool,
+) -> None:
+    """Close the session's servers; a worker hands up what its last launches measured."""
+    sd.close()
+    if sd.is_xdist_worker:
+        # What the teardown reports have not carried up: results of the profiles whose
+        # remaining baseline launches ran just now.
+        workeroutput.update(worker_output(sd, outbox))
+        return
+    sd.servers.add(sd.pool.counts)
+    # The xdist controller (DSession) stops what its workers started; without -n, sd.close()
+    # above already did.
+    if stops_workers_servers:
+        stopped = finish_run(
+            sd.settings.state_dir,
+            sd.run_id,
+            keep_alive=sd.settings.keep_server,
+            on_event=sd.emit,
+        )
+        sd.servers.add(stopped)
+
+
+class PluginRegistry(Protocol):
+    """What is asked of pytest's plugin manager (pluggy's) to name a plugin that failed."""
+
+    def list_plugin_distinfo(self) -> list[tuple[Any, Any]]: ...
+
+    def list_name_plugin(self) -> list[tuple[str, Any]]: ...
+
+
 def other_plugin_failed_line(
-    exc: BaseException,
-    *,
-    distributions: Iterable[tuple[object, str]],
-    plugins: Iterable[tuple[str, object]],
-    status: int = INTERNAL_ERROR,
+    exc: BaseException, registry: PluginRegistry, *, status: int = INTERNAL_ERROR
 ) -> str:
     """The line that says another plugin's ``pytest_sessionfinish`` raised ``exc`` and fails the
-    session with ``status``; ``distributions``: (plugin, "name version") of the installed
-    plugins, ``plugins``: (registered name, plugin) of all."""
+    session with ``status``; ``registry`` names the installed plugins (and their distributions)
+    and every registered one."""
+    distributions = [
+        (plugin, f"{dist.project_name} {dist.version}")
+        for plugin, dist in registry.list_plugin_distinfo()
+    ]
+    plugins = registry.list_name_plugin()
     return (
         f"ERROR: {failed_hook(exc, distributions=distributions, plugins=plugins)}, so this "
         f"session fails (exit status {status}). pytest-specdecode wrote its baselines "

@@ -101,16 +101,30 @@ class SpecdecodeSession:
         self._target_reason = ""
         self._gpus: GpuInfo | None = None
         self._gpus_detected = False
+        self._assemble(log_dir=log_dir, worker=worker, progress=progress)
+        self._placement: Placement | None = None
+        self._placed: dict[str, ServerProfile] = {}  # profiles bound to their host
+        self._host_errors: dict[str, ServerError] = {}  # hosts whose endpoint is unknown
+        self._demand_of: dict[str, int] = {}
+        self.placement_seen: list[str] = []
+        """The placement as the xdist workers reported it (the controller collects nothing)."""
+
+    def _assemble(
+        self, *, log_dir: Path, worker: str, progress: Callable[[Progress], None] | None
+    ) -> None:
+        """The session's parts: the baseline store, the server pool and the runner that talks
+        to its servers, the attached servers, the baseline launches and the measurer."""
+        settings = self.settings
         self.store = BaselineStore(settings.baselines, lock_dir=settings.state_dir / "locks")
         self.pool = ServerPool(
             state_dir=settings.state_dir,
             log_dir=log_dir,
-            run_id=run_id,
+            run_id=self.run_id,
             worker=worker,
             keep_alive=settings.keep_server,
             preflight=not settings.skip_preflight,
             env=self.env,
-            on_event=emit,
+            on_event=self.emit,
             on_progress=progress,
             # the runner, made just below, needs the pool: a server that crashes is marked there
             warmup=lambda handle: self.runner.warm_up_server(handle),
@@ -124,7 +138,11 @@ class SpecdecodeSession:
         )
         """With --server-host: which selected profile each given server serves."""
         self.launches = BaselineLaunches(
-            settings, pool=self.pool, runner=self.runner, emit=emit, on_update=self.updates.append
+            settings,
+            pool=self.pool,
+            runner=self.runner,
+            emit=self.emit,
+            on_update=self.updates.append,
         )
         self.measurer = Measurer(
             settings,
@@ -132,19 +150,13 @@ class SpecdecodeSession:
             pool=self.pool,
             runner=self.runner,
             launches=self.launches,
-            emit=emit,
+            emit=self.emit,
             hardware_key=self.hardware_key,
             fingerprint_of=lambda name, where: self.profile(name, where=where).fingerprint(),
             recorder_hint=self.recorder_hint,
             provenance=self._provenance,
-            run_id=run_id,
+            run_id=self.run_id,
         )
-        self._placement: Placement | None = None
-        self._placed: dict[str, ServerProfile] = {}  # profiles bound to their host
-        self._host_errors: dict[str, ServerError] = {}  # hosts whose endpoint is unknown
-        self._demand_of: dict[str, int] = {}
-        self.placement_seen: list[str] = []
-        """The placement as the xdist workers reported it (the controller collects nothing)."""
 
     # -- profiles and target -------------------------------------------------------------
 

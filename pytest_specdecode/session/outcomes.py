@@ -8,11 +8,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from pytest_specdecode.markers import MarkerSpec
+from pytest_specdecode.outputs.json_report import junit_properties
 from pytest_specdecode.result import Outcome, SpecdecodeResult, TestError
 from pytest_specdecode.settings import Settings
 
 if TYPE_CHECKING:
-    from pytest_specdecode.session.orchestrator import SpecdecodeSession
+    from pytest_specdecode.session.collection import Planned
+    from pytest_specdecode.session.orchestrator import SpecdecodeSession, SpecdecodeTest
 
 Action = Literal["fail", "skip", "xfail", "warn", "pass"]
 """What a measured test becomes: ``warn`` passes with a warning (an inconclusive verdict passed
@@ -62,3 +64,29 @@ def record_error(
     )
     session.results.append(row)
     return row
+
+
+def note_error(
+    session: SpecdecodeSession,
+    planned: Planned,
+    test: SpecdecodeTest | None,
+    error: TestError,
+    *,
+    has_row: bool,
+) -> tuple[SpecdecodeResult | None, list[tuple[str, str]]]:
+    """Why a planned test failed outside its verdict: the ERROR row it becomes (None when it
+    has a row already, or a verdict) and the JUnit properties to add to it.
+
+    Judged, then failed (an assertion after ``specdecode.measure()``, a teardown): the verdict
+    stays the outcome and the first such error is shown beside it. Otherwise the first error is
+    the cause; a teardown failing after it adds nothing."""
+    if test is not None and test.result is not None:
+        if test.result.error is not None:
+            return None, []
+        test.result.error = error
+        # pytest's JUnit XML reads the teardown report's properties, taken from the item
+        return None, [("specdecode_error", error.describe())]
+    if has_row:
+        return None, []
+    row = record_error(session, planned.test_id, planned.spec, error)
+    return row, junit_properties(row)

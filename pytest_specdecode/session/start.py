@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_specdecode.errors import ConfigError, SpecdecodeError
 from pytest_specdecode.outputs.benchmark import check_json_path
 from pytest_specdecode.outputs.history import BadLines, os_error_hint, read_history
-from pytest_specdecode.settings import OPTIONS, Settings
+from pytest_specdecode.settings import OPTIONS, Settings, unknown_env_warnings
 
 if TYPE_CHECKING:
     from pytest_specdecode.session.orchestrator import SpecdecodeSession
@@ -54,6 +54,38 @@ class LazyLogDir(os.PathLike[str]):
 
     def __truediv__(self, other: str) -> Path:
         return self._resolve() / other
+
+
+def open_session(
+    settings: Settings,
+    *,
+    workerinput: Mapping[str, Any] | None,
+    basetemp: Callable[[], Path | None],
+    rootdir: Path,
+    say: Callable[[str], None],
+    is_tty: Callable[[], bool],
+) -> SpecdecodeSession:
+    """This pytest process's session (an xdist worker's or the main one's), its server logs
+    under ``basetemp()``, lines said with ``say``, a misspelled environment variable warned
+    about, and the earlier nights of the history read."""
+    # Imported here: the plugin reads this module before any of the session's machinery.
+    from pytest_specdecode.session.console import ProgressLine
+    from pytest_specdecode.session.orchestrator import SpecdecodeSession
+
+    worker, run_id = process_of(workerinput)
+    session = SpecdecodeSession(
+        settings,
+        run_id=run_id,
+        worker=worker,
+        is_xdist_worker=workerinput is not None,
+        log_dir=LazyLogDir(basetemp),  # type: ignore[arg-type]
+        rootdir=rootdir,
+        emit=lambda message: say(f"specdecode: {message}"),
+        progress=ProgressLine(say, is_tty=is_tty),
+    )
+    session.warnings.extend(unknown_env_warnings(os.environ))
+    read_earlier_nights(session)
+    return session
 
 
 def read_earlier_nights(session: SpecdecodeSession) -> None:

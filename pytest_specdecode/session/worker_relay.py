@@ -14,6 +14,14 @@ from pytest_specdecode.servers.handle import ServerCounts
 if TYPE_CHECKING:
     from pytest_specdecode.session.orchestrator import SpecdecodeSession
 
+RESULTS_ATTR = "specdecode_results"
+"""The attribute of a worker's teardown report that carries its results to the controller."""
+TEST_ID_ATTR = "specdecode_test_id"
+"""The attribute of a specdecode test's reports naming its result's test id (xdist carries it),
+so that a failure found after the test can be reported under the test's own node id."""
+LATE_ATTR = "specdecode_failed_after_test"
+"""Marks the report the plugin makes at the session's end for a failure found after its test."""
+
 
 class Outbox:
     """What an xdist worker has sent up, so each teardown report carries only what is new or

@@ -55,6 +55,22 @@ class Option:
     def env_var(self) -> str:
         return f"PYTEST_SPECDECODE_{self.name.upper()}"
 
+    @property
+    def default_text(self) -> str:
+        return "" if self.default is None else f" (default: {self.default})"
+
+    def cli_arguments(self) -> dict[str, Any]:
+        """What argparse (pytest's ``addoption``) takes for the flag, but the flag itself."""
+        # argparse %-formats command-line help ("8%" would crash `pytest --help`); ini help
+        # is printed as it is.
+        cli_help = (self.help + ("" if self.is_flag else self.default_text)).replace("%", "%%")
+        kind: dict[str, Any] = {"metavar": self.metavar}
+        if self.is_flag:
+            kind = {"action": "store_true"}
+        elif self.repeatable:
+            kind["action"] = "append"
+        return {"dest": f"specdecode_{self.name}", "default": None, "help": cli_help, **kind}
+
 
 OPTIONS: tuple[Option, ...] = (
     Option(

@@ -371,3 +371,46 @@ def test_no_code_outside_the_kinds_compares_launcher_names() -> None:
     found = launcher_comparisons()
     print(f"launcher-name comparisons outside profiles/kinds/: {len(found)}")
     assert found == []
+
+
+# A reader's screen (issue 48): no function of the package longer than this, and the plugin
+# back to wiring only. The measuring path's driver is held shorter still: its steps are named
+# functions a reader visits once each.
+MAX_FUNCTION_LINES = 80
+MAX_PLUGIN_LINES = 550
+MAX_MEASURE_LINES = 40
+
+
+def function_lengths(root: Path = PACKAGE) -> dict[str, int]:
+    """``module.py:qualified.name`` -> lines from its ``def`` to its last line (docstring and
+    comments inside included, decorators not), for every function and method of the package."""
+    lengths: dict[str, int] = {}
+
+    def visit(node: ast.AST, rel: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}{child.name}"
+                assert child.end_lineno is not None
+                lengths[f"{rel}:{name}"] = child.end_lineno - child.lineno + 1
+                visit(child, rel, f"{name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, rel, f"{prefix}{child.name}.")
+
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        visit(ast.parse(path.read_text()), rel, "")
+    return lengths
+
+
+def test_every_function_fits_on_a_screen() -> None:
+    lengths = function_lengths()
+    longest = sorted(lengths.items(), key=lambda item: -item[1])
+    print("\nlongest functions: " + ", ".join(f"{name} {n}" for name, n in longest[:8]))
+    assert [f"{name} {n}" for name, n in longest if n > MAX_FUNCTION_LINES] == []
+    assert lengths["session/measurement.py:Measurer.measure"] <= MAX_MEASURE_LINES
+
+
+def test_the_plugin_is_wiring_only() -> None:
+    lines = len((PACKAGE / "plugin.py").read_text().splitlines())
+    print(f"\nplugin.py: {lines} lines")
+    assert lines <= MAX_PLUGIN_LINES
