@@ -92,7 +92,6 @@ class Measured:
     warnings: list[str]  # the result's, in the order they arose
     launch_varies: bool  # a real server, or the simulated one with a launch CV
     refs: dict[str | None, BaselineRef] = field(default_factory=dict)
-    runs: int = 0  # the runs of one launch (the plan's first look)
 
 
 class Judged(NamedTuple):
@@ -159,7 +158,7 @@ class Measurer:
         machine = sampler.result()
         judged = self._judge(subject, spec, samples, looks, machine, history)
         result = self._result(subject, handle, samples, looks.checks, judged, machine)
-        self._owe_launches(result, spec, handle, subject)
+        self._owe_launches(result, spec, handle, subject, looks.plan.initial_runs)
         return result
 
     def _subject(
@@ -225,7 +224,6 @@ class Measurer:
         runs = spec.runs or (settings.baseline_runs if updating else settings.runs)
         max_runs = runs if updating else max(spec.max_runs or settings.max_runs, runs)
         plan = SequentialPlan(initial_runs=runs, max_runs=max_runs, step=1, alpha=alpha)
-        subject.runs = runs
         own = subject.refs[OWN].samples
         if own and own.get("tok_s"):
             # The per-look alphas are calibrated for the stored baseline's size.
@@ -325,10 +323,16 @@ class Measurer:
         )
 
     def _owe_launches(
-        self, result: SpecdecodeResult, spec: MarkerSpec, handle: ServerHandle, subject: Measured
+        self,
+        result: SpecdecodeResult,
+        spec: MarkerSpec,
+        handle: ServerHandle,
+        subject: Measured,
+        runs: int,
     ) -> None:
-        """A recording whose baselines span several launches: the others are owed (done once
-        the profile's last test has run), or, for an attached server, said to be impossible."""
+        """A recording whose baselines span several launches of ``runs`` runs: the others are
+        owed (done once the profile's last test has run), or, for an attached server, said to
+        be impossible."""
         launches = launches_for(self.settings, subject.launch_varies)
         if result.outcome is not Outcome.RECORDED or launches <= 1:
             return
@@ -338,7 +342,6 @@ class Measurer:
                 "its verdicts cannot carry launch-to-launch variance"
             )
         else:
-            runs = subject.runs
             pending = PendingLaunches(result, spec, subject.workload, runs, launches)
             self.launches.owe(result.profile, pending)
 
