@@ -9,8 +9,8 @@ list as ``[first, last]`` pairs. It is read once, at the first question, not at 
 
 Both sides read it: the core (the ``/server_info`` field a profile's flag sets, in
 :mod:`pytest_specdecode.profiles.profile`) and the simulator (the command line of the release it
-speaks, in ``sim/args.py``). It imports nothing of the package, so the simulator depends on the
-core only through this module, and the core never on the simulator.
+speaks, in ``sim/parser.py`` and ``sim/args.py``). It imports nothing of the package, so the
+simulator depends on the core only through this module, and the core never on the simulator.
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ its parser holds exactly the flags that release declares (``pytest_specdecode.sg
 generated from its wheel), so a flag the release does not know, or no longer knows, is refused as
 argparse refuses it (usage message on stderr, exit status 2), and the flags are resolved the way
 that release's ``ServerArgs`` does for the settings the simulator cares about.
+
+The parser itself is built in ``parser.py`` and the speculative-decoding rules live in
+``speculative.py``; this module parses and resolves (``ServerArgs``, ``SimOptions``, the
+``/server_info`` fields, the port checks, the environment's test knobs) and still exports the
+names its importers read from it (``build_parser``, ``StartupError``, the ``ENV_*`` names).
 """
 
 from __future__ import annotations
@@ -22,37 +27,48 @@ from typing import Any
 from pytest_specdecode import sglang_releases
 from pytest_specdecode.sim import noise, versions
 from pytest_specdecode.sim.launch_script import take_launch_flags
-
-SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-#: Algorithms for which SGLang caps max_running_requests at 48 when it is not given.
-CAPPED_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
-FAULT_KINDS = (
-    "exit-during-load",
-    "crash-after:N",
-    "hang",
-    "hang-after:N",
-    "http-500",
-    "malformed-sse",
-    "flap-health",
+from pytest_specdecode.sim.parser import (
+    ENV_ACCEPT_SCALE,
+    ENV_KNOBS,
+    ENV_LAUNCH_CV,
+    ENV_NOISE_CV,
+    ENV_SLOWDOWN,
+    build_parser,
+    non_negative_float,
+    positive_float,
 )
-REDACTED = "<redacted>"
+from pytest_specdecode.sim.speculative import (
+    Flags,
+    Speculative,
+    StartupError,
+    resolve_speculative,
+    speculative_algorithm,
+)
 
-#: Test knobs read from the environment, deliberately outside every profile and fingerprint.
-#: A real regression (a slower SGLang build, a broken draft model) changes speed without
-#: changing the configuration; setting these for the server's process does the same to the
-#: simulated server, so a baseline recorded without them is still compared, and must catch it.
-#: ``SPECDECODE_SIM_SLOWDOWN`` and ``SPECDECODE_SIM_ACCEPT_SCALE`` multiply ``--sim-slowdown``
-#: and ``--sim-accept-scale`` (an injected change on top of what the command line configures);
-#: ``SPECDECODE_SIM_NOISE_CV`` replaces ``--sim-noise-cv``. They apply to servers started with
-#: them (a kept-alive server keeps the values it was started with), and the effective values
-#: are logged at startup and reported by ``/server_info``.
-ENV_SLOWDOWN = "SPECDECODE_SIM_SLOWDOWN"
-ENV_ACCEPT_SCALE = "SPECDECODE_SIM_ACCEPT_SCALE"
-ENV_NOISE_CV = "SPECDECODE_SIM_NOISE_CV"
-#: ``SPECDECODE_SIM_LAUNCH_CV`` replaces ``--sim-launch-cv`` (launch-to-launch variance).
-ENV_LAUNCH_CV = "SPECDECODE_SIM_LAUNCH_CV"
-ENV_KNOBS = (ENV_SLOWDOWN, ENV_ACCEPT_SCALE, ENV_NOISE_CV, ENV_LAUNCH_CV)
-#: ``SPECDECODE_SIM_LAUNCH_SCRIPT`` (sim/launch_script.py) adds flags per launch, for tests.
+#: The public names, the parser's and the speculative rules' among them: importers (``__main__``,
+#: ``server``, the tests) keep reading them from here.
+__all__ = [
+    "ENV_ACCEPT_SCALE",
+    "ENV_KNOBS",
+    "ENV_LAUNCH_CV",
+    "ENV_NOISE_CV",
+    "ENV_SLOWDOWN",
+    "REDACTED",
+    "RESOLVED_REPLACED",
+    "RESOLVED_WHEN_UNSET",
+    "ResolvedArgs",
+    "ServerArgs",
+    "SimOptions",
+    "StartupError",
+    "apply_env_knobs",
+    "build_parser",
+    "echo_fields",
+    "parse_args",
+    "requested_release",
+    "resolve",
+]
+
+REDACTED = "<redacted>"
 
 
 @dataclass(frozen=True)
@@ -169,228 +185,6 @@ class ResolvedArgs:
     """Every ServerArgs field of that release as ``/server_info`` echoes it."""
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return value
-
-
-def _fault(text: str) -> str:
-    if text in FAULT_KINDS or re.fullmatch(r"(crash|hang)-after:\d+", text):
-        return text
-    raise argparse.ArgumentTypeError(
-        f"unknown fault {text!r}; choose one of {', '.join(FAULT_KINDS)} "
-        "(N = requests served before the crash or hang)"
-    )
-
-
-def _typed(type_name: str | None) -> Callable[[str], Any]:
-    return {"int": int, "float": float}.get(type_name or "str", str)
-
-
-def _add_sglang_flag(group: argparse._ArgumentGroup, flag: sglang_releases.FlagSpec) -> None:
-    """Declare one SGLang option as its release did (arity, type, choices), default unset."""
-    kwargs: dict[str, Any] = {"dest": flag.dest, "default": argparse.SUPPRESS}
-    opts = list(flag.opts)
-    kind, nargs = flag.kind, flag.nargs
-    if kind in ("store_true", "store_false", "store_const", "count"):
-        kwargs["action"] = kind if kind != "store_const" else "store_const"
-        if kind == "store_const":
-            kwargs["const"] = True
-    elif kind == "boolean_optional":
-        kwargs["action"] = argparse.BooleanOptionalAction
-        opts = [o for o in opts if not o.startswith("--no-")] or opts
-    elif kind == "custom" and nargs == "0":
-        kwargs.update(action="store_const", const=True)
-    else:
-        if kind == "append":
-            kwargs["action"] = "append"
-        if nargs not in (None, "1") or (kind == "append" and nargs is not None):
-            kwargs["nargs"] = int(nargs) if nargs and nargs.isdigit() else nargs
-        convert = _typed(flag.type)
-        kwargs["type"] = convert
-        if flag.choices:
-            try:
-                kwargs["choices"] = [convert(c) for c in flag.choices]
-            except ValueError:
-                kwargs["choices"] = list(flag.choices)
-    if flag.dest == "model_path":
-        kwargs["required"] = True
-    group.add_argument(*opts, **kwargs)
-
-
-def build_parser(release: str | None = None) -> argparse.ArgumentParser:
-    """The command line of SGLang ``release`` (default: the newest supported) plus ``--sim-*``."""
-    release = release or sglang_releases.newest()
-    parser = _new_parser(release)
-    _add_sglang_args(parser, release)
-    sim = parser.add_argument_group("simulation knobs (pytest-specdecode only)")
-    # In this order in --help: timing, noise and seed, fault, release, launch variance.
-    _add_timing_knobs(sim)
-    _add_noise_knobs(sim)
-    _add_fault_knob(sim)
-    _add_release_knob(sim)
-    _add_launch_knobs(sim)
-    return parser
-
-
-def _new_parser(release: str) -> argparse.ArgumentParser:
-    """The parser itself: SGLang's program name for ``release``, the simulator's description and
-    the epilog naming the environment's test knobs."""
-    era = versions.era(release)
-    return argparse.ArgumentParser(
-        prog=era.prog,
-        description=(
-            "A simulated SGLang server (no GPU): SGLang's HTTP API, load phases and log lines, "
-            "with token timing from a small performance model fitted to measured figures. "
-            f"Every figure it produces is simulated. This parser speaks SGLang {release} "
-            f"(--sim-sglang-version; supported {sglang_releases.supported_range()})."
-        ),
-        epilog=(
-            "Flags that SGLang release does not accept are rejected, as SGLang rejects them. "
-            f"Test knobs from the environment, outside any profile or fingerprint: {ENV_SLOWDOWN} "
-            f"and {ENV_ACCEPT_SCALE} multiply --sim-slowdown and --sim-accept-scale, "
-            f"{ENV_NOISE_CV} replaces --sim-noise-cv (inject a regression of the same "
-            f"configuration), {ENV_LAUNCH_CV} replaces --sim-launch-cv; "
-            f"{versions.ENV_SGLANG_VERSION} is the default of --sim-sglang-version."
-        ),
-    )
-
-
-def _add_sglang_args(parser: argparse.ArgumentParser, release: str) -> None:
-    """Every flag ``release``'s ``launch_server`` declares, in one group."""
-    sglang = parser.add_argument_group(
-        f"SGLang server arguments (as python -m sglang.launch_server of SGLang {release})"
-    )
-    for flag in sglang_releases.flags(release):
-        _add_sglang_flag(sglang, flag)
-
-
-def _add_timing_knobs(sim: argparse._ArgumentGroup) -> None:
-    """How long loading takes, how fast the model runs, and an injected regression of both."""
-    sim.add_argument(
-        "--sim-load-seconds",
-        type=_non_negative_float,
-        default=5.0,
-        help="total time of the load phases, port closed (default 5; divided by --sim-speed)",
-    )
-    sim.add_argument(
-        "--sim-speed",
-        type=_positive_float,
-        default=1.0,
-        help="run F times faster than the model: all rates x F, all durations / F (CI speed-up)",
-    )
-    sim.add_argument(
-        "--sim-slowdown",
-        type=_positive_float,
-        default=1.0,
-        help="inject a regression: prefill/decode/verify rates divided by F",
-    )
-    sim.add_argument(
-        "--sim-accept-scale",
-        type=_non_negative_float,
-        default=1.0,
-        help="multiply draft acceptance probabilities by F (capped at 1)",
-    )
-
-
-def _add_noise_knobs(sim: argparse._ArgumentGroup) -> None:
-    """Run-to-run noise (a CV or a measured preset) and the seed of all simulated randomness."""
-    sim.add_argument(
-        "--sim-noise-cv",
-        type=_non_negative_float,
-        default=None,
-        help=(
-            "run-to-run noise: CV of each request's lognormal speed factor (default: the noise "
-            f"preset's, else {noise.DEFAULT_RUN_CV:g})"
-        ),
-    )
-    sim.add_argument(
-        "--sim-noise-preset",
-        choices=[*noise.preset_names(), noise.AUTO_PRESET, noise.NO_PRESET],
-        default=None,
-        metavar="NAME",
-        help=(
-            "run and launch noise measured on real hardware ([noise.*] of the sim's model.toml): "
-            f"{', '.join(noise.preset_names())}; {noise.AUTO_PRESET}: at tp "
-            f"{noise.load_presets().auto_tp_size} with CUDA graphs on, the one nearest in "
-            f"speculative steps (else none); {noise.NO_PRESET} (the default). A --sim-noise-cv "
-            "or --sim-launch-cv given wins over the preset for its knob"
-        ),
-    )
-    sim.add_argument(
-        "--sim-seed",
-        type=int,
-        default=None,
-        help="seed of all simulated randomness (default: --random-seed, else random)",
-    )
-
-
-def _add_fault_knob(sim: argparse._ArgumentGroup) -> None:
-    """The injected fault (``FAULT_KINDS``)."""
-    sim.add_argument(
-        "--sim-fault",
-        type=_fault,
-        default=None,
-        metavar="KIND",
-        help=(
-            "inject a fault: exit-during-load, crash-after:N (die while serving request N+1), "
-            "hang (freeze once ready), hang-after:N (freeze, alive, while serving request N+1), "
-            "http-500, malformed-sse, flap-health; all but exit-during-load start after the "
-            "warm-up"
-        ),
-    )
-
-
-def _add_release_knob(sim: argparse._ArgumentGroup) -> None:
-    """The SGLang release spoken (read before parsing too: ``requested_release``)."""
-    sim.add_argument(
-        "--sim-sglang-version",
-        default=None,
-        metavar="VERSION",
-        help=(
-            "the SGLang release to behave like: flags, argument resolution, /server_info, "
-            f"meta_info, log lines (supported {sglang_releases.supported_range()}; default "
-            f"${versions.ENV_SGLANG_VERSION}, else {sglang_releases.newest()})"
-        ),
-    )
-
-
-def _add_launch_knobs(sim: argparse._ArgumentGroup) -> None:
-    """Launch-to-launch variance: the CV of a launch's speed factor and the seed drawing it."""
-    sim.add_argument(
-        "--sim-launch-cv",
-        type=_non_negative_float,
-        default=None,
-        help=(
-            "launch-to-launch variance: CV of a lognormal speed factor drawn once at start-up "
-            "(default: the noise preset's, else 0: every launch equally fast)"
-        ),
-    )
-    sim.add_argument(
-        "--sim-launch-seed",
-        type=int,
-        default=None,
-        help=(
-            "seed of the launch factor together with the sim seed (default: a fresh random "
-            "one per launch, reported in /server_info as sim_launch_seed)"
-        ),
-    )
-
-
-def _looks_like_llama_or_grok(model_path: str) -> bool:
-    lowered = model_path.lower()
-    return "llama" in lowered or "grok" in lowered
-
-
 #: What SGLang's resolution (``__post_init__`` and the arg-group hooks) makes of fields declared
 #: ``None``, as the real 0.5.15 ``/server_info`` shows them; applied to every release that has
 #: the field and left it unset.
@@ -423,10 +217,6 @@ _PREFILL_BS = [
     *range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
     *range(1280, 4097, 256), *range(4608, 8193, 512),
 ]  # fmt: skip
-
-
-class StartupError(Exception):
-    """A ``ValueError`` SGLang raises while resolving its arguments (exit status 1)."""
 
 
 def _cuda_graph_config(server: ServerArgs, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -508,33 +298,6 @@ def _check_ports(release: str, server: ServerArgs, env: Mapping[str, str]) -> No
 
 
 @dataclass(frozen=True)
-class _Flags:
-    """The flags given on the command line, over the release's declared field defaults."""
-
-    given: Mapping[str, Any]
-    defaults: Mapping[str, Any]
-
-    def get(self, name: str, fallback: Any = None) -> Any:
-        """The given value, else the release's default, else ``fallback`` (for ``None``)."""
-        value = self.given.get(name, self.defaults.get(name))
-        return fallback if value is None else value
-
-
-@dataclass
-class _Speculative:
-    """The speculative-decoding settings while they are resolved, with the notes SGLang logs."""
-
-    algorithm: str | None
-    steps: int | None
-    topk: int | None
-    draft_tokens: int | None
-    max_running: int | None
-    disable_overlap: bool
-    enable_mixed_chunk: bool
-    notes: list[str] = dataclasses.field(default_factory=list)
-
-
-@dataclass(frozen=True)
 class _Seeds:
     """The simulator's seed, SGLang's ``--random-seed`` and this launch's seed."""
 
@@ -556,10 +319,10 @@ def resolve(
     era = versions.era(release)
     ns = vars(namespace)
     values = _sglang_values(ns)
-    flags = _Flags(values, sglang_releases.field_defaults(release))
-    algorithm = _speculative_algorithm(flags)
+    flags = Flags(values, sglang_releases.field_defaults(release))
+    algorithm = speculative_algorithm(flags)
     model_path: str = values["model_path"]
-    spec = _resolve_speculative(algorithm, flags, model_path, era)
+    spec = resolve_speculative(algorithm, flags, model_path, era)
     seeds = _seeds(ns, flags)
     crash_after = _crash_after(ns["sim_fault"])
     server = _server_args(flags, model_path, spec, seeds.random)
@@ -586,125 +349,7 @@ def _sglang_values(ns: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _speculative_algorithm(flags: _Flags) -> str | None:
-    """``--speculative-algorithm`` upper-cased; ``StartupError`` for one not simulated."""
-    algorithm: str | None = flags.get("speculative_algorithm")
-    if algorithm is not None and algorithm.upper() not in SPECULATIVE_ALGORITHMS:
-        raise StartupError(
-            f"speculative_algorithm {algorithm!r} is not simulated; choose one of "
-            f"{', '.join(SPECULATIVE_ALGORITHMS)}"
-        )
-    return algorithm.upper() if algorithm else None
-
-
-def _resolve_speculative(
-    algorithm: str | None, flags: _Flags, model_path: str, era: versions.Era
-) -> _Speculative:
-    """SGLang's speculative-decoding rules: NEXTN is EAGLE; the draft-model algorithms cap the
-    running requests, settle overlap scheduling and the draft tree; NGRAM sizes its own tree."""
-    spec = _Speculative(
-        algorithm="EAGLE" if algorithm == "NEXTN" else algorithm,
-        steps=flags.get("speculative_num_steps"),
-        topk=flags.get("speculative_eagle_topk"),
-        draft_tokens=flags.get("speculative_num_draft_tokens"),
-        max_running=flags.get("max_running_requests"),
-        disable_overlap=bool(flags.get("disable_overlap_schedule", False)),
-        enable_mixed_chunk=bool(flags.get("enable_mixed_chunk", False)),
-    )
-    if spec.algorithm in CAPPED_ALGORITHMS:
-        if spec.max_running is None:
-            spec.max_running = 48
-            spec.notes.append(
-                "Max running requests is reset to 48 for speculative decoding. You can override "
-                "this by explicitly setting --max-running-requests."
-            )
-        _settle_overlap_schedule(spec, era)
-        if spec.enable_mixed_chunk:
-            spec.enable_mixed_chunk = False
-            spec.notes.append(
-                "Mixed chunked prefill is disabled because of using eagle speculative decoding."
-            )
-        _choose_draft_tree(spec, model_path)
-    elif spec.algorithm == "NGRAM":
-        _resolve_ngram(spec, flags, era)
-    return spec
-
-
-def _settle_overlap_schedule(spec: _Speculative, era: versions.Era) -> None:
-    """Overlap scheduling with a draft model: off before spec v2; with spec v2 as the default,
-    spec v1 (no overlap) for topk > 1 or when overlap is disabled; spec v2 only: as given."""
-    if not era.spec_v2_default:
-        spec.disable_overlap = True
-        spec.notes.append(
-            "Overlap scheduler is disabled because of using eagle3 or standalone speculative "
-            "decoding."
-        )
-    elif not era.spec_v2_only:
-        reason = None
-        if spec.topk is not None and spec.topk > 1 and not spec.disable_overlap:
-            spec.disable_overlap = True
-            reason = "spec v2 currently only supports topk = 1"
-        if spec.disable_overlap:
-            spec.notes.append(
-                "Spec v1 is used for eagle/eagle3/standalone speculative decoding because "
-                f"{reason or 'overlap schedule is disabled'}."
-            )
-        else:
-            spec.notes.append(
-                "Spec v2 is enabled by default for eagle/eagle3/standalone speculative decoding."
-            )
-    elif spec.disable_overlap:
-        spec.notes.append(
-            "Non-overlap (synchronous) spec v2 is used for eagle/eagle3/standalone "
-            "speculative decoding."
-        )
-
-
-def _choose_draft_tree(spec: _Speculative, model_path: str) -> None:
-    """Steps, topk and draft tokens of a draft model: all three automatic when none is given
-    (a wider tree for Llama and Grok targets), else the missing ones; with topk 1 (a chain) the
-    draft tokens are steps + 1."""
-    if spec.algorithm == "STANDALONE":
-        auto = (3, 1, 4)
-    else:
-        auto = (5, 4, 8) if _looks_like_llama_or_grok(model_path) else (3, 1, 4)
-    if spec.steps is None and spec.topk is None and spec.draft_tokens is None:
-        steps, topk, draft_tokens = auto
-        spec.notes.append(
-            "Auto choose speculative parameters: "
-            f"{steps=}, {topk=}, num_draft_tokens={draft_tokens}. "
-            "Set --speculative-num-steps, --speculative-eagle-topk and "
-            "--speculative-num-draft-tokens together to override."
-        )
-    else:
-        steps = auto[0] if spec.steps is None else spec.steps
-        topk = auto[1] if spec.topk is None else spec.topk
-        draft_tokens = auto[2] if spec.draft_tokens is None else spec.draft_tokens
-    if topk == 1 and draft_tokens != steps + 1:
-        spec.notes.append(
-            "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
-            "speculative_eagle_topk == 1"
-        )
-        draft_tokens = steps + 1
-    spec.steps, spec.topk, spec.draft_tokens = steps, topk, draft_tokens
-
-
-def _resolve_ngram(spec: _Speculative, flags: _Flags, era: versions.Era) -> None:
-    """NGRAM's tree and budget, and the releases where it turns overlap scheduling off."""
-    # NGRAM has no draft model: its tree is as wide as --speculative-ngram-max-bfs-breadth.
-    spec.topk = flags.get("speculative_ngram_max_bfs_breadth", 10)
-    if spec.draft_tokens is None:
-        spec.draft_tokens = 12
-        spec.notes.append(
-            "speculative_num_draft_tokens is set to 12 by default for ngram speculative "
-            "decoding. You can override this by explicitly setting "
-            "--speculative-num-draft-tokens."
-        )
-    if era.ngram_disables_overlap:
-        spec.disable_overlap = True
-
-
-def _seeds(ns: Mapping[str, Any], flags: _Flags) -> _Seeds:
+def _seeds(ns: Mapping[str, Any], flags: Flags) -> _Seeds:
     """The sim seed (``--sim-seed``, else ``--random-seed``, else random), SGLang's random seed
     (else the sim seed) and the launch seed (``--sim-launch-seed``, else random)."""
     sim_seed = ns["sim_seed"] if ns["sim_seed"] is not None else flags.get("random_seed")
@@ -717,9 +362,7 @@ def _seeds(ns: Mapping[str, Any], flags: _Flags) -> _Seeds:
     return _Seeds(sim=sim_seed, random=random_seed, launch=launch_seed)
 
 
-def _server_args(
-    flags: _Flags, model_path: str, spec: _Speculative, random_seed: int
-) -> ServerArgs:
+def _server_args(flags: Flags, model_path: str, spec: Speculative, random_seed: int) -> ServerArgs:
     """The resolved ``ServerArgs``: the given flags, else SGLang's defaults, with the speculative
     settings as resolved."""
     get = flags.get
@@ -845,10 +488,10 @@ def apply_env_knobs(sim: SimOptions, env: Mapping[str, str]) -> SimOptions:
         applied.append(f"{name}={raw}")
         return value
 
-    slowdown = read(ENV_SLOWDOWN, _positive_float)
-    accept_scale = read(ENV_ACCEPT_SCALE, _non_negative_float)
-    noise_cv = read(ENV_NOISE_CV, _non_negative_float)
-    launch_cv = read(ENV_LAUNCH_CV, _non_negative_float)
+    slowdown = read(ENV_SLOWDOWN, positive_float)
+    accept_scale = read(ENV_ACCEPT_SCALE, non_negative_float)
+    noise_cv = read(ENV_NOISE_CV, non_negative_float)
+    launch_cv = read(ENV_LAUNCH_CV, non_negative_float)
     if not applied:
         return sim
     return dataclasses.replace(
