@@ -12,11 +12,11 @@ that night on for up to 28 nights (the nights before are the unchanged build's).
 
 Everything a session does goes through the plugin's own code: every night is judged by
 ``stats.compare`` look by look with the sequential plan's alphas and the no-change guard spent
-in proportion, with the launch prior the session uses (``two_level.prior_for`` over the history
-records, ``two_level.bridged`` with the stated prior while the history is short); each night is
-written as a history record (the shape of ``outputs/history.history_record``, checked by its
-parser; the baseline as a ``recorded`` line with its launches), and the cross-night detector
-reads its series with ``night_series.series_from_history`` and judges it with
+in proportion, with the launch prior the session uses (``night_series.launch_prior`` over the
+history records, ``two_level.bridged`` with the stated prior while the history is short); each
+night is written as a history record (the shape of ``outputs/history.history_record``, checked
+by its parser; the baseline as a ``recorded`` line with its launches), and the cross-night
+detector reads its series with ``night_series.series_from_history`` and judges it with
 ``crossnight.detect`` as the session configures it. The rules, on the same nights:
 
 * **new**: the nightly gate OR the cross-night scan (``crossnight.detect``), watching from the
@@ -78,7 +78,7 @@ from pytest_specdecode.outputs.history import (
 from pytest_specdecode.settings import OPTIONS_BY_NAME
 from pytest_specdecode.stats.comparison import Verdict, compare
 from pytest_specdecode.stats.crossnight import DetectorConfig, detect
-from pytest_specdecode.stats.night_series import series_from_history
+from pytest_specdecode.stats.night_series import launch_prior, series_from_history
 from pytest_specdecode.stats.scan import clip_for
 from pytest_specdecode.stats.sequential import SequentialPlan
 from pytest_specdecode.stats.two_level import (
@@ -223,9 +223,10 @@ def gate(
 def priors(history: Sequence[dict[str, Any]]) -> tuple[LaunchPrior, LaunchPrior]:
     """The launch prior of the new rule (the history's, bridged with the stated prior while
     short) and of the rule before (the history's replacing the stated prior from 3 nights)."""
-    measured = prior_for(history, metric="tok_s", **KEY)
+    measured = launch_prior(history, metric="tok_s", **KEY)
+    before = prior_for(history, metric="tok_s", **KEY)
     stated = stated_prior(where="the project's default; docs/statistics.md")
-    return bridged(measured, stated), measured if measured is not None else stated
+    return bridged(measured, stated), before if before is not None else stated
 
 
 # --------------------------------------------------------------------------- one trial

@@ -182,7 +182,7 @@ def evaluate(
             seed=seed,
             launch_runs=ref.launch_runs,
             prior=prior,
-            # stricter once the history has enough nights: launches.guard_alpha
+            # stricter once the history has enough nights: two_level.guard_alpha
             alpha_no_change=(
                 None if alpha_no_change is None else guard_alpha(alpha_no_change, prior)
             ),

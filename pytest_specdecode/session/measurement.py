@@ -51,12 +51,12 @@ from pytest_specdecode.session.machine_load import (
     recording_warning,
 )
 from pytest_specdecode.settings import Settings
+from pytest_specdecode.stats.night_series import launch_prior
 from pytest_specdecode.stats.sequential import SequentialPlan
 from pytest_specdecode.stats.two_level import (
     TIMING_METRICS,
     LaunchPrior,
     bridged,
-    prior_for,
     stated_prior,
 )
 from pytest_specdecode.verdict import (
@@ -357,14 +357,15 @@ def launch_priors(
     stated: bool = False,
 ) -> dict[tuple[str | None, str], LaunchPrior]:
     """The launch variance of each checked metric from the nights of history (the same
-    test, hardware, configuration and workload), where the history has enough of them; else, with
-    ``stated`` (servers whose launches vary), the stated prior of
+    test, hardware, configuration and workload: the series the cross-night detector reads, with
+    the noise it carries over from earlier regimes), where the history has enough of them; else,
+    with ``stated`` (servers whose launches vary), the stated prior of
     :func:`~pytest_specdecode.stats.two_level.stated_prior`, so that the first nights after a
     baseline
     recording are not judged on 2 df (docs/statistics.md, "The first night")."""
     priors = {}
     for threshold in spec.thresholds:
-        prior = prior_for(
+        prior = launch_prior(
             history or [],
             test_id=test_id,
             hardware_key=hardware,

@@ -208,7 +208,8 @@ OPTIONS: tuple[Option, ...] = (
         "For a negative margin, a FAIL must also be worse than the baseline itself at this "
         "level, and for a claim against another profile's baseline that held when recorded, "
         "worse than the test's own baseline: an unchanged build FAILs about this often at most; "
-        "a tenth of it once 10 nights of history exist (docs/statistics.md)",
+        "a tenth of it once 10 nights of history exist, 3 hundredths once the history also "
+        "carries the noise of an earlier regime (docs/statistics.md)",
         0.01,
         probability,
         "ALPHA",

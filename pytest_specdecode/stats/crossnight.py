@@ -63,6 +63,8 @@ __all__ = [
     "DetectorConfig",
     "Night",
     "detect",
+    "earlier_regimes_noise",
+    "level_start",
 ]
 
 MIN_EARLIER = 10
@@ -228,7 +230,8 @@ class CrossNightState:
 # --------------------------------------------------------------------------- detection
 
 
-def _since(nights: Sequence[Night]) -> int:
+def level_start(nights: Sequence[Night]) -> int:
+    """The index of the first night after the last acknowledged change (0: none)."""
     for index in range(len(nights) - 1, -1, -1):
         if nights[index].acknowledged:
             return index + 1
@@ -269,7 +272,7 @@ class _Regime:
     @classmethod
     def of(cls, nights: Sequence[Night], config: DetectorConfig) -> _Regime:
         sign = 1.0 if config.higher_is_better else -1.0
-        since = _since(nights)
+        since = level_start(nights)
         opening = nights[since - 1] if since else None
         launch_points = [_log(v, sign) for v in (opening.launch_means if opening else ()) if v > 0]
         indices = [i for i in range(since, len(nights)) if _measured(nights[i])]
@@ -408,7 +411,7 @@ def _noise_before(
     """The noise known before this regime: the earlier regimes' (pooled), else the stated prior
     (launch CV plus the runs' noise of this regime's nights), else nothing."""
     if config.pool:
-        ss, df, regimes = _earlier_regimes(earlier, sign)
+        ss, df, regimes = earlier_regimes_noise(earlier, sign)
         if df > 0:
             return _Noise(
                 ss, df, f"carried over from {regimes} earlier regime(s) ({df:.0f} df)", True
@@ -450,7 +453,7 @@ def _unless_contradicted(noise: _Noise, points: np.ndarray) -> tuple[_Noise, str
     return noise, ""
 
 
-def _earlier_regimes(nights: Sequence[Night], sign: float) -> tuple[float, float, int]:
+def earlier_regimes_noise(nights: Sequence[Night], sign: float) -> tuple[float, float, int]:
     """Sum of squares, df and count of the regimes before the last acknowledged change that
     have :data:`MIN_EARLIER` points: each regime's first :data:`EARLIER_POINTS` points (its
     baseline's launches, then its nights), winsorised at 4 robust SDs of their median, about

@@ -22,9 +22,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_specdecode.stats.crossnight import Night
+from pytest_specdecode.stats.crossnight import Night, earlier_regimes_noise, level_start
+from pytest_specdecode.stats.two_level import LaunchPrior, prior_for, prior_from_history
 
-__all__ = ["acknowledgement_matches", "launch_means", "series_from_history"]
+__all__ = ["acknowledgement_matches", "launch_means", "launch_prior", "series_from_history"]
 
 
 def series_from_history(
@@ -74,6 +75,56 @@ def series_from_history(
                 )  # fmt: skip
             nights.append(_night(test, metric, when, session))
     return nights
+
+
+def launch_prior(
+    history: Sequence[Mapping[str, Any]],
+    *,
+    test_id: str,
+    hardware_key: str,
+    fingerprint: str,
+    workload_hash: str,
+    metric: str,
+) -> LaunchPrior | None:
+    """The nightly gate's launch prior from the same series the cross-night detector reads.
+
+    With an earlier regime of ten points or more (a series that has lived through an
+    acknowledged change), the detector's carried noise: each earlier regime's points about their
+    own mean, pooled (:func:`~pytest_specdecode.stats.crossnight.earlier_regimes_noise`), pooled
+    by df with the von Neumann estimate of the nights since the change. Thirty earlier nights
+    and a 3-launch baseline give 32 df from the first night after a reset, where the von Neumann
+    estimate over the last 30 nights gave about 19 and straddled the reset's step; with them
+    the no-change guard can be stricter at the same power (:func:`~pytest_specdecode.stats.
+    two_level.guard_alpha`), which frees false-alarm budget. A box's first regime has nothing
+    carried: :func:`~pytest_specdecode.stats.two_level.prior_for`, as before."""
+    key = {"test_id": test_id, "hardware_key": hardware_key, "fingerprint": fingerprint,
+           "workload_hash": workload_hash, "metric": metric}  # fmt: skip
+    nights = series_from_history(history, **key)
+    since = level_start(nights)
+    carried_ss, carried_df, regimes = earlier_regimes_noise(nights[:since], 1.0)
+    if carried_df <= 0:
+        return prior_for(history, **key)
+    before = [n for n in nights[:since] if _usable(n)]
+    after = [n for n in nights[since:] if _usable(n)]
+    own = prior_from_history(
+        [math.log(float(n.mean or 1.0)) for n in after], [float(n.runs) for n in after]
+    )
+    ss = carried_ss + (own.variance * own.df if own else 0.0)
+    df = carried_df + (own.df if own else 0.0)
+    used = before + after
+    return LaunchPrior(
+        variance=ss / df,
+        df=df,
+        nights=len(used),
+        runs=sum(n.runs for n in used) / len(used) if used else math.inf,
+        regimes=regimes,
+    )
+
+
+def _usable(night: Night) -> bool:
+    """A measured night of at least two runs (what :func:`prior_for` counts)."""
+    mean = night.mean
+    return mean is not None and math.isfinite(mean) and mean > 0 and night.runs >= 2
 
 
 def _key(test: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -11,9 +11,12 @@ import pytest
 
 from pytest_specdecode.settings import OPTIONS_BY_NAME
 from pytest_specdecode.stats.comparison import Verdict, compare
+from pytest_specdecode.stats.night_series import launch_prior
 from pytest_specdecode.stats.two_level import (
     HISTORY_GUARD_FACTOR,
     HISTORY_GUARD_NIGHTS,
+    STRICT_GUARD_DF,
+    STRICT_GUARD_FACTOR,
     LaunchPrior,
     bridged,
     guard_alpha,
@@ -416,3 +419,90 @@ def test_the_guard_tightens_only_with_enough_nights_of_measured_history() -> Non
     assert guard_alpha(0.01, short) == 0.01
     assert guard_alpha(0.01, stated_prior()) == 0.01
     assert guard_alpha(0.01, None) == 0.01
+
+
+def test_the_guard_is_stricter_still_once_the_history_has_the_df_of_a_carried_noise() -> None:
+    carried = LaunchPrior(variance=0.0025, df=STRICT_GUARD_DF, nights=33, runs=8.0, regimes=1)
+    thin = LaunchPrior(variance=0.0025, df=STRICT_GUARD_DF - 0.5, nights=33, runs=8.0)
+    assert guard_alpha(0.01, carried) == pytest.approx(0.01 * STRICT_GUARD_FACTOR)
+    assert guard_alpha(0.01, thin) == pytest.approx(0.01 * HISTORY_GUARD_FACTOR)
+    few_nights = LaunchPrior(variance=0.0025, df=40.0, nights=HISTORY_GUARD_NIGHTS - 1, runs=8.0)
+    assert guard_alpha(0.01, few_nights) == 0.01  # the first nights keep the whole guard
+    # von Neumann over the most recent 30 nights (a box's first regime) never reaches it
+    assert prior_from_history([0.01 * (i % 3) for i in range(60)], [8.0] * 60).df < STRICT_GUARD_DF
+
+
+def _recorded(launch_means: list[float], runs: int = 60) -> dict[str, object]:
+    test = _night("t", float(np.mean(launch_means)), outcome="recorded")["tests"][0]  # type: ignore[index]
+    test["samples"] = {"tok_s": [m for m in launch_means for _ in range(runs)]}
+    test["launch_runs"] = [runs] * len(launch_means)
+    return {"tests": [test]}
+
+
+def _regimes(seed: int, *, earlier: int, since: int, step: float) -> list[dict[str, object]]:
+    """A first baseline and ``earlier`` nights at launch CV 5 %, then a baseline recorded
+    ``step`` higher (an accepted upgrade) and ``since`` nights after it."""
+    rng = np.random.default_rng(seed)
+
+    def level(base: float, count: int) -> list[float]:
+        return list(base * np.exp(rng.normal(0.0, 0.05, count)))
+
+    history = [_recorded(level(100.0, 3))] + [_night("t", v) for v in level(100.0, earlier)]
+    upgraded = 100.0 * (1 + step)
+    history.append(_recorded(level(upgraded, 3)))
+    return history + [_night("t", v) for v in level(upgraded, since)]
+
+
+KEY = {"test_id": "t", "hardware_key": "8xH200", "fingerprint": "abc", "workload_hash": "w1",
+       "metric": "tok_s"}  # fmt: skip
+
+
+def test_the_gate_carries_the_noise_of_earlier_regimes_as_the_detector_does() -> None:
+    """After a reset, the gate's launch variance is the earlier regime's points about their own
+    mean (32 df from 3 launches and 30 nights), not von Neumann's 19 df over the last 30 nights,
+    which straddle the reset's step and take it in as one of their differences."""
+    history = _regimes(RNG_SEED, earlier=30, since=2, step=0.20)
+    carried = launch_prior(history, **KEY)
+    assert carried is not None
+    assert (carried.df, carried.regimes, carried.nights) == (32.0, 1, 32)
+    assert math.sqrt(carried.variance) == pytest.approx(0.05, rel=0.25)
+    straddling = prior_for(history, **KEY)
+    assert straddling is not None
+    assert straddling.df < 20
+    # the same nights without the step: the carried noise does not see it, von Neumann does
+    no_step = _regimes(RNG_SEED, earlier=30, since=2, step=0.0)
+    assert launch_prior(no_step, **KEY) == carried
+    assert prior_for(no_step, **KEY) != straddling
+    assert guard_alpha(0.01, carried) == pytest.approx(0.01 * STRICT_GUARD_FACTOR)
+    # the nights since the reset add their own von Neumann df once there are three
+    later = launch_prior(_regimes(RNG_SEED, earlier=30, since=12, step=0.20), **KEY)
+    assert later is not None
+    assert later.df == pytest.approx(32.0 + 2.0 * 11 / 3)
+
+
+def test_a_first_regime_has_nothing_to_carry_and_keeps_the_von_neumann_prior() -> None:
+    history = [_recorded([100.0, 103.0, 98.0])] + [_night("t", 100.0 + i % 3) for i in range(12)]
+    assert launch_prior(history, **KEY) == prior_for(history, **KEY)
+    short_earlier = _regimes(RNG_SEED, earlier=5, since=6, step=0.0)  # 8 points: not a regime
+    assert launch_prior(short_earlier, **KEY) == prior_for(short_earlier, **KEY)
+
+
+def test_the_stricter_guard_keeps_the_seeds_29_percent_and_spends_less_on_unchanged_nights() -> None:
+    """30 earlier nights, then a 3-launch baseline at launch CV 5 %: with the carried noise and
+    the stricter guard the seed's -29 % still FAILs the night it lands, and an unchanged night
+    FAILs less often than with von Neumann's prior and the tenfold guard."""
+    rng = np.random.default_rng(RNG_SEED + 11)
+    fails = {"-29%": [0, 0], "unchanged": [0, 0]}
+    for trial in range(120):
+        history = _regimes(RNG_SEED + 100 + trial, earlier=30, since=0, step=0.04)
+        baseline = launches(rng, 3, 60, launch_cv=0.05, run_cv=0.03, level=104.0)
+        for name, factor in (("-29%", 0.71), ("unchanged", 1.0)):
+            current = launches(rng, 1, 10, launch_cv=0.05, run_cv=0.03, level=104.0 * factor)
+            for index, prior in enumerate((launch_prior(history, **KEY), prior_for(history, **KEY))):
+                result = compare(current, baseline, margin=-0.02, alpha=DEFAULT_ALPHA,
+                                 launch_runs=[60] * 3, prior=prior,
+                                 alpha_no_change=guard_alpha(DEFAULT_GUARD, prior))  # fmt: skip
+                fails[name][index] += result.verdict is Verdict.FAIL
+    assert fails["-29%"][0] >= 0.92 * 120
+    assert fails["-29%"][0] >= fails["-29%"][1] - 3
+    assert fails["unchanged"][0] <= 1
