@@ -487,7 +487,7 @@ def test_a_first_regime_has_nothing_to_carry_and_keeps_the_von_neumann_prior() -
     assert launch_prior(short_earlier, **KEY) == prior_for(short_earlier, **KEY)
 
 
-def test_the_stricter_guard_keeps_the_seeds_29_percent_and_spends_less_on_unchanged_nights() -> None:
+def test_the_stricter_guard_keeps_the_seeds_29_percent_and_fails_no_unchanged_night() -> None:
     """30 earlier nights, then a 3-launch baseline at launch CV 5 %: with the carried noise and
     the stricter guard the seed's -29 % still FAILs the night it lands, and an unchanged night
     FAILs less often than with von Neumann's prior and the tenfold guard."""
@@ -498,7 +498,8 @@ def test_the_stricter_guard_keeps_the_seeds_29_percent_and_spends_less_on_unchan
         baseline = launches(rng, 3, 60, launch_cv=0.05, run_cv=0.03, level=104.0)
         for name, factor in (("-29%", 0.71), ("unchanged", 1.0)):
             current = launches(rng, 1, 10, launch_cv=0.05, run_cv=0.03, level=104.0 * factor)
-            for index, prior in enumerate((launch_prior(history, **KEY), prior_for(history, **KEY))):
+            carried, before = launch_prior(history, **KEY), prior_for(history, **KEY)
+            for index, prior in enumerate((carried, before)):
                 result = compare(current, baseline, margin=-0.02, alpha=DEFAULT_ALPHA,
                                  launch_runs=[60] * 3, prior=prior,
                                  alpha_no_change=guard_alpha(DEFAULT_GUARD, prior))  # fmt: skip
