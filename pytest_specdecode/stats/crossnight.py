@@ -65,6 +65,7 @@ __all__ = [
     "detect",
     "earlier_regimes_noise",
     "level_start",
+    "measured",
 ]
 
 MIN_EARLIER = 10
@@ -238,7 +239,8 @@ def level_start(nights: Sequence[Night]) -> int:
     return 0
 
 
-def _measured(night: Night) -> bool:
+def measured(night: Night) -> bool:
+    """Whether ``night`` has a usable mean (a finite, positive launch mean; else a gap)."""
     return night.mean is not None and math.isfinite(night.mean) and night.mean > 0
 
 
@@ -275,7 +277,7 @@ class _Regime:
         since = level_start(nights)
         opening = nights[since - 1] if since else None
         launch_points = [_log(v, sign) for v in (opening.launch_means if opening else ()) if v > 0]
-        indices = [i for i in range(since, len(nights)) if _measured(nights[i])]
+        indices = [i for i in range(since, len(nights)) if measured(nights[i])]
         values = [_log(float(nights[i].mean or 1.0), sign) for i in indices]
         opened_by = (opening.note or "an acknowledged change") if opening else None
         points = np.array([*launch_points, *values])
@@ -472,7 +474,7 @@ def earlier_regimes_noise(nights: Sequence[Night], sign: float) -> tuple[float, 
                 df += values.size - 1
                 count += 1
             regime = [_log(v, sign) for v in night.launch_means if v > 0]
-        elif _measured(night):
+        elif measured(night):
             regime.append(_log(float(night.mean or 1.0), sign))
     if df > _MAX_EXTRA_DF:
         total, df = total * _MAX_EXTRA_DF / df, float(_MAX_EXTRA_DF)

@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_specdecode.stats.crossnight import Night, earlier_regimes_noise, level_start
+from pytest_specdecode.stats.crossnight import Night, earlier_regimes_noise, level_start, measured
 from pytest_specdecode.stats.two_level import LaunchPrior, prior_for, prior_from_history
 
 __all__ = ["acknowledgement_matches", "launch_means", "launch_prior", "series_from_history"]
@@ -123,8 +123,7 @@ def launch_prior(
 
 def _usable(night: Night) -> bool:
     """A measured night of at least two runs (what :func:`prior_for` counts)."""
-    mean = night.mean
-    return mean is not None and math.isfinite(mean) and mean > 0 and night.runs >= 2
+    return measured(night) and night.runs >= 2
 
 
 def _key(test: Mapping[str, Any]) -> tuple[Any, ...]:
