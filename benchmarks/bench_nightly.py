@@ -37,7 +37,7 @@ stays until acknowledged; the share left out is printed); a nightly FAIL does no
 Carlo error: +-sqrt(p(1-p)/trials) on every rate.
 
     python benchmarks/bench_nightly.py [--trials 400] [--seed 1] [--earlier 30] [--jobs 2]
-        [--only NAME] [--no-otava] [--ci]
+        [--only NAME] [--no-otava] [--ci] [--false-alarms-only]
     python benchmarks/bench_nightly.py --e2e   # the user's path, through pytest and the simulator
 
 Scenarios: launch CV 3 % and 5 % at run CV 3 %, and the noise measured on one H200 at TP 1
@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import binomtest
 from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -265,6 +266,7 @@ class Branch:
     baseline: list[float]
     baseline_mean: float
     oracle_s: float = 0.0
+    judge_before: bool = True  # the rule before too (its gate and detector are half the cost)
     first: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys((*RULES, *SOURCES)))
     alarmed: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(RULES))
     history_file: Path | None = None
@@ -274,7 +276,12 @@ class Branch:
         """Judge one night on this path; the rules that flagged it."""
         new_prior, old_prior = priors(self.history)
         verdict, n = gate(runs, self.baseline, plan, new_prior)
-        old = verdict if old_prior is new_prior else gate(runs, self.baseline, plan, old_prior)[0]
+        old_fail = False  # the rule before, where it is judged: its own gate
+        if self.judge_before:
+            old = verdict
+            if old_prior is not new_prior:
+                old = gate(runs, self.baseline, plan, old_prior)[0]
+            old_fail = old is Verdict.FAIL
         record = night_record(offset + night, runs[:n], verdict.value, self.baseline_mean)
         self.history.append(record)
         if self.history_file is not None:  # through a real file, as a session appends it
@@ -282,14 +289,14 @@ class Branch:
             self.history[:] = read_history(self.history_file)
         series = series_from_history(self.history, metric="tok_s", **KEY)
         new_alarm = detect(series, NEW).alarm
-        old_alarm = previous_crossnight.detect(series, BEFORE).alarm
+        old_alarm = self.judge_before and previous_crossnight.detect(series, BEFORE).alarm
         z = (math.log(float(runs[:n].mean())) - oracle.level) / oracle.sd
         z = max(-clip_for(oracle.k), min(clip_for(oracle.k), z))
         self.oracle_s = max(0.0, self.oracle_s - z - oracle.k)
         gate_fail = verdict is Verdict.FAIL
         flags = {  # (flagged tonight, a cross-night alarm tonight); the sources: null path only
             "new": (gate_fail or new_alarm, new_alarm),
-            "90-night rule": (old is Verdict.FAIL or old_alarm, old_alarm),
+            "90-night rule": (old_fail or old_alarm, old_alarm),
             "oracle": (self.oracle_s > oracle.h, self.oracle_s > oracle.h),
             SOURCES[0]: (gate_fail, False),
             SOURCES[1]: (new_alarm, False),
@@ -303,7 +310,7 @@ class Branch:
 
     def fork(self) -> Branch:
         return Branch(list(self.history), self.baseline, self.baseline_mean, self.oracle_s,
-                      dict(self.first), dict(self.alarmed))  # fmt: skip
+                      self.judge_before, dict(self.first), dict(self.alarmed))  # fmt: skip
 
 
 @dataclass
@@ -324,7 +331,7 @@ def trial(scenario: Scenario, earlier: int, seed: int, index: int, oracle: Oracl
     the rule before rarely flags a small drop within 28 nights, so its nights are most of the
     cost)."""
     watched = RULES if comparators else ("new", "oracle")
-    longest = max(null_nights, max(landings) + max(WITHIN) - 1)
+    longest = max(null_nights, max(landings, default=0) + max(WITHIN) - 1)
     drawn = draw(scenario, earlier, seed, index, longest)
     history: list[dict[str, Any]] = []
     if earlier:
@@ -335,7 +342,13 @@ def trial(scenario: Scenario, earlier: int, seed: int, index: int, oracle: Oracl
     base, draws = drawn.base, drawn.nights
     offset = earlier + 1
     history.append(recorded_record(offset, base))
-    path = Branch(history, list(base.ravel()), float(base.mean()), history_file=history_file)
+    path = Branch(
+        history,
+        list(base.ravel()),
+        float(base.mean()),
+        judge_before=comparators,
+        history_file=history_file,
+    )
     snapshots: dict[int, Branch] = {}
     for night in range(1, null_nights + 1):
         if night in landings:
@@ -501,12 +514,18 @@ def delay_cell(delays: Sequence[int | str | None]) -> str:
 def false_alarm_cells(
     firsts: Sequence[int | None], windows: Sequence[tuple[int, int]]
 ) -> list[str]:
-    """P(first flag in each window | none before it), as the share of checks."""
+    """P(first flag in each window | none before it), as the share of checks, with its
+    one-sided 95 % upper bound (Wilson): the budget is a limit, and 400 trials cannot tell
+    4.5 % from 5.5 %."""
     cells = []
     for low, high in windows:
         at_risk = [f for f in firsts if f is None or f >= low]
         hits = sum(1 for f in at_risk if f is not None and f <= high)
-        cells.append(rate(hits, len(at_risk)))
+        cell = rate(hits, len(at_risk))
+        if at_risk:
+            bound = binomtest(hits, len(at_risk)).proportion_ci(0.90, method="wilson").high
+            cell += f" <={bound:.1%}"
+        cells.append(cell)
     return cells
 
 
@@ -761,6 +780,9 @@ def main() -> None:
     parser.add_argument("--changes", type=float, nargs="+", default=list(CHANGES))
     parser.add_argument("--landings", type=int, nargs="+", default=list(LANDINGS))
     parser.add_argument("--only", action="append", default=[], metavar="NAME")
+    parser.add_argument("--false-alarms-only", action="store_true",
+                        help="only the unchanged nights (no drop, no landing night): the "
+                        "false-alarm table with more trials for the same time")  # fmt: skip
     parser.add_argument("--no-otava", action="store_true")
     parser.add_argument("--otava-python", type=Path, metavar="PATH")
     parser.add_argument("--e2e", action="store_true",
@@ -783,6 +805,8 @@ def main() -> None:
     if args.ci:
         trials, landings, changes, null_nights = 3, [1, 10], [-0.10, -0.29], 40
         scenarios = [s for s in scenarios if s.name in ("launch CV 5%", measured_h200().name)]
+    if args.false_alarms_only:
+        landings, changes = [], []
     otava: Path | None = None
     if not args.no_otava:
         otava = otava_python(args.otava_python)
@@ -841,8 +865,12 @@ def main() -> None:
     windows = [f"nights {a}-{b}" for a, b in WINDOWS if b <= null_nights]
     false_rows = [row for job, results, _ in done for row in tables(job, results)[0]]
     print("false alarms: the share of checks with a false flag in each window after the reset "
-          "(among those with none before it)")  # fmt: skip
+          "(among those with none before it), +- its standard error, <= its one-sided 95% "
+          "upper bound")  # fmt: skip
     print(tabulate(false_rows, headers=["scenario", "rule", *windows], tablefmt="github"))
+    if not changes:
+        print(f"\n({time.monotonic() - started:.0f} s; the unchanged nights only)")
+        return
     landing_rows = [row for job, results, _ in done for row in tables(job, results)[1]]
     print(
         "\nflagged within 7 / 14 / 28 nights of the landing night (median / p95 delay; "

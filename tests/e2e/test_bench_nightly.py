@@ -144,6 +144,55 @@ def test_a_false_fail_before_the_landing_neither_counts_nor_hides_the_drops_flag
     assert result.delays[-0.29, 5]["new"] == 1
 
 
+def test_beyond_the_comparator_trials_the_rule_before_is_not_judged_nor_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The rule before's gate and detector are half a null path's cost; a trial beyond the
+    # comparator trials skips them, and must then leave its row empty rather than copy the
+    # new rule's flags into it (the same false FAIL on night 3 as above).
+    monkeypatch.syspath_prepend(BENCH.parent)
+    import bench_nightly as bench
+
+    nights = np.repeat(np.full((1, bench.MAX_RUNS), bench.LEVEL), 40, axis=0)
+    nights[2] *= 0.5
+    base = np.repeat(np.full((1, bench.BASELINE_RUNS), bench.LEVEL), 3, axis=0)
+    monkeypatch.setattr(bench, "draw", lambda *_: bench.Drawn(np.zeros((0, 0)), [], base, nights))
+    judged: list[int] = []
+
+    def gate(runs: np.ndarray, baseline: list[float], *_: object, **__: object) -> tuple:
+        judged.append(1)
+        slow = float(np.mean(runs)) < 0.85 * float(np.mean(baseline))
+        return (bench.Verdict.FAIL if slow else bench.Verdict.INCONCLUSIVE), len(runs)
+
+    monkeypatch.setattr(bench, "gate", gate)
+    scenario = bench.SCENARIOS[0]
+    plan = bench.SequentialPlan(initial_runs=5, max_runs=bench.MAX_RUNS, alpha=bench.ALPHA)
+    oracle = bench.oracle_for(scenario, 1)
+    counts = {}
+    for comparators in (True, False):
+        judged.clear()
+        result = bench.trial(scenario, 0, 1, 0, oracle, plan, (), (), 10, comparators=comparators)
+        counts[comparators] = len(judged)
+        assert result.null_first["new"] == 3
+        assert result.null_first["90-night rule"] == (3 if comparators else None)
+    assert counts[False] == 10 < counts[True]  # the new rule's gate alone, once a night
+
+
+def test_the_false_alarms_alone_come_with_their_upper_bounds() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--ci", "--no-otava", "--false-alarms-only"],
+        cwd=REPO, env=bench_env(), capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    header, rows = _table(done.stdout, "false alarms:")
+    assert header == ["scenario", "rule", "nights 1-30"], done.stdout
+    new = [row[2] for row in rows if row[1] == "new"]
+    assert len(new) == 4, done.stdout  # 2 scenarios x (30 earlier nights, no history)
+    assert all(" <=" in cell for cell in new), done.stdout
+    assert "flagged within" not in done.stdout, done.stdout  # no drop was simulated
+    assert "the unchanged nights only" in done.stdout, done.stdout
+
+
 def test_without_otavas_venv_the_bench_says_how_to_build_it_and_stops(tmp_path: Path) -> None:
     missing = tmp_path / "no-venv" / "bin" / "python"
     done = subprocess.run(
