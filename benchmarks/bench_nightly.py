@@ -841,6 +841,8 @@ def main() -> None:
         trials = max(job.trials for job, _, _ in done)
         comparator = max(job.comparator_trials for job, _, _ in done)
         null_nights = done[0][0].null_nights
+        changes = sorted({change for job, _, _ in done for change in job.changes})
+        args.seed = done[0][0].seed  # the header names the nights that were run
     else:
         comparator = min(trials, args.comparator_trials)
         with tempfile.TemporaryDirectory() as directory:
