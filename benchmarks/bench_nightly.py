@@ -861,7 +861,8 @@ def main() -> None:
         f"{BASELINE_RUNS} runs at a level {ACCEPTED:+.0%} from the earlier regime's; new rule: "
         f"the gate OR the cross-night scan (false alarms {NEW.false_alarm:.1%} per "
         f"{NEW.horizon} nights); {trials} trials per row for the new rule and the oracle, "
-        f"{comparator} for the rule before and Otava; seed {args.seed}\n"
+        f"{comparator} for the rule before and Otava; seed {args.seed}. Every figure is "
+        "simulated (seeded nights through the plugin's statistics; no server, no GPU).\n"
     )
     rules = [*RULES, *([OTAVA] if otava is not None else [])]
     windows = [f"nights {a}-{b}" for a, b in WINDOWS if b <= null_nights]
