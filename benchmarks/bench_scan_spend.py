@@ -40,7 +40,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_nightly as bn
 
-from pytest_specdecode.stats.crossnight import DetectorConfig, Night, detect, earlier_regimes_noise
+from pytest_specdecode.stats.crossnight import (
+    EARLIER_POINTS,
+    DetectorConfig,
+    Night,
+    detect,
+    earlier_regimes_noise,
+)
 from pytest_specdecode.stats.scan import ScanPlan, grid_k, per_night, scan, thresholds
 
 NIGHTS = bn.NULL_NIGHTS
@@ -96,7 +102,7 @@ def bench_row(scenario: bn.Scenario, earlier: int, seed: int, paths: int) -> NDA
 def model_row(launch_cv: float, earlier: int, seed: int, paths: int) -> NDArray[np.int64]:
     """The calibration's model: normal nights, the true night SD giving k."""
     rng = np.random.default_rng([seed, 7])
-    df = float(earlier + bn.BASELINE_LAUNCHES - 1)
+    df = float(min(earlier + bn.BASELINE_LAUNCHES, EARLIER_POINTS) - 1)  # as carried
     ss = rng.chisquare(df, paths)
     values = rng.standard_normal((paths, bn.BASELINE_LAUNCHES + NIGHTS))
     sd = math.sqrt(math.log1p(launch_cv**2) + math.log1p(0.03**2) / bn.MAX_RUNS)
