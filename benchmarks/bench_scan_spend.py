@@ -46,19 +46,23 @@ from pytest_specdecode.stats.crossnight import (
     Night,
     detect,
     earlier_regimes_noise,
+    plan_df,
 )
 from pytest_specdecode.stats.scan import ScanPlan, grid_k, per_night, scan, thresholds
 
 NIGHTS = bn.NULL_NIGHTS
-DF_GRID = (0, 3, 6, 9, 12, 15, 18, 21, 24, 30, 36, 48, 60, 90, 120, 180, 240, 384)
 CONFIG = DetectorConfig(attribute=False)
+
+
+def earlier_nights(drawn: bn.Drawn) -> list[Night]:
+    """The earlier regime as the history gives it: its baseline, then one night a launch."""
+    nights = [Night(None, acknowledged=True, launch_means=tuple(drawn.first_base.mean(axis=1)))]
+    return nights + [Night(float(runs.mean()), runs=runs.size) for runs in drawn.earlier]
 
 
 def carried(drawn: bn.Drawn) -> tuple[float, float]:
     """The earlier regime's noise as the detector carries it: sum of squares and df."""
-    nights = [Night(None, acknowledged=True, launch_means=tuple(drawn.first_base.mean(axis=1)))]
-    nights += [Night(float(runs.mean())) for runs in drawn.earlier]
-    ss, df, _ = earlier_regimes_noise(nights, 1.0)
+    ss, df, _ = earlier_regimes_noise(earlier_nights(drawn), 1.0)
     return ss, df
 
 
@@ -79,7 +83,7 @@ def first_alarms(
     for k in np.unique(ks):
         rows = np.flatnonzero(ks == k)
         plan = ScanPlan(launches=bn.BASELINE_LAUNCHES, k=float(k),
-                        extra_df=max(d for d in DF_GRID if d <= df), learn=False,
+                        extra_df=plan_df(df), learn=False,
                         window=CONFIG.reference_nights, false_alarm=CONFIG.false_alarm,
                         horizon=CONFIG.horizon)  # fmt: skip
         path = scan(values[rows], plan.launches, plan.k, plan.window, ss[rows], df, full=False,
@@ -120,10 +124,8 @@ def agreement(scenario: bn.Scenario, earlier: int, seed: int, count: int) -> tup
     same = dropped = 0
     for index in [*alarmed, *quiet]:
         drawn = bn.draw(scenario, earlier, seed, int(index), NIGHTS)
-        first_base, base = drawn.first_base.mean(axis=1), drawn.base.mean(axis=1)
-        series = [Night(None, acknowledged=True, launch_means=tuple(first_base))]
-        series += [Night(float(r.mean()), runs=r.size) for r in drawn.earlier]
-        series.append(Night(None, acknowledged=True, launch_means=tuple(base)))
+        series = earlier_nights(drawn)
+        series.append(Night(None, acknowledged=True, launch_means=tuple(drawn.base.mean(axis=1))))
         first, contradicted = NIGHTS + 1, False
         for night, runs in enumerate(drawn.nights[:NIGHTS], start=1):
             series.append(Night(float(runs.mean()), runs=runs.size))

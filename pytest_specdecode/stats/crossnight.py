@@ -66,6 +66,7 @@ __all__ = [
     "earlier_regimes_noise",
     "level_start",
     "measured",
+    "plan_df",
 ]
 
 MIN_EARLIER = 10
@@ -91,6 +92,11 @@ _MAX_EXTRA_DF = 384
 _DF_GRID = (0, 3, 6, 9, 12, 15, 18, 21, 24, 30, 36, 48, 60, 90, 120, 180, 240, 384)
 """The carried df are rounded down to this grid for the calibration (fewer df: higher
 thresholds, so the rounding errs towards fewer alarms)."""
+
+
+def plan_df(df: float) -> int:
+    """The carried ``df`` as the scan's plan holds them: rounded down to :data:`_DF_GRID`."""
+    return max(d for d in _DF_GRID if d <= df)
 
 
 @dataclass(frozen=True)
@@ -308,7 +314,7 @@ def detect(nights: Sequence[Night], config: DetectorConfig | None = None) -> Cro
     plan = ScanPlan(
         launches=regime.launches,
         k=grid_k(abs(math.log1p(-config.min_change)) / (2.0 * max(rough, floor))),
-        extra_df=max(d for d in _DF_GRID if d <= noise.df),
+        extra_df=plan_df(noise.df),
         window=config.reference_nights,
         false_alarm=config.false_alarm,
         horizon=config.horizon,
